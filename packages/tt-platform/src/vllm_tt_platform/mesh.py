@@ -1,0 +1,83 @@
+"""Mesh shapes: ``MESH_DEVICE`` presets and literal shapes, and how a mesh splits into lanes.
+
+Convention, used everywhere in vllm-tt: a shape is ``(rows, cols)`` and a Galaxy is ``(8, 4)``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from vllm_tt_platform.errors import TTConfigError
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    rows: int
+    cols: int
+
+    @property
+    def num_devices(self) -> int:
+        return self.rows * self.cols
+
+    def split(self, lanes: int) -> MeshShape:
+        """Shape of one of ``lanes`` equal sub-meshes: whole rows when the rows divide evenly,
+        else a ``(1, n)`` strip."""
+        if lanes < 1 or self.num_devices % lanes:
+            raise TTConfigError(
+                "data_parallel_size",
+                lanes,
+                f"a divisor of the {self.num_devices} devices of mesh {self}",
+                "choose a --data-parallel-size that divides the mesh",
+            )
+        if self.rows % lanes == 0:
+            return MeshShape(self.rows // lanes, self.cols)
+        return MeshShape(1, self.num_devices // lanes)
+
+    def __str__(self) -> str:
+        return f"({self.rows},{self.cols})"
+
+
+MESH_PRESETS: dict[str, MeshShape] = {
+    "N150": MeshShape(1, 1),
+    "N300": MeshShape(1, 2),
+    "N150x4": MeshShape(1, 4),
+    "T3K": MeshShape(1, 8),
+    "TG": MeshShape(8, 4),
+    "P100": MeshShape(1, 1),
+    "P150": MeshShape(1, 1),
+    "P150x2": MeshShape(1, 2),
+    "P300": MeshShape(1, 2),
+    "P150x4": MeshShape(1, 4),
+    "P300x2": MeshShape(1, 4),
+    "P150x8": MeshShape(1, 8),
+    "BH-Galaxy": MeshShape(8, 4),
+}
+"""Named systems and their mesh shapes, ``(rows, cols)``."""
+
+GALAXY_PRESETS = frozenset({"TG", "BH-Galaxy"})
+
+
+def parse_mesh_device(value: str) -> MeshShape:
+    """Parse ``MESH_DEVICE``: a preset name (case-insensitive) or ``"(r,c)"`` / ``"[r,c]"``."""
+    text = value.strip()
+    for name, shape in MESH_PRESETS.items():
+        if text.upper() == name.upper():
+            return shape
+    if text[:1] in "([":
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            parsed = None
+        if (
+            isinstance(parsed, (tuple, list))
+            and len(parsed) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in parsed)
+        ):
+            return MeshShape(parsed[0], parsed[1])
+    raise TTConfigError(
+        "MESH_DEVICE",
+        value,
+        f"one of {', '.join(MESH_PRESETS)} or a shape like \"(1,8)\"",
+        "set MESH_DEVICE to a preset name or a (rows,cols) shape of positive ints",
+    )
