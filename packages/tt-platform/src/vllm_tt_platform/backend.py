@@ -1,0 +1,60 @@
+"""The mesh seam: the one place that knows whether a real ttnn mesh or the host emulation
+runs the model programs. Nothing above it asks which one it has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.mesh import MeshShape
+
+
+@dataclass(frozen=True)
+class MeshRequest:
+    """What the worker asks of a backend: the mesh shape and where it came from."""
+
+    shape: MeshShape
+    source: str
+    """How the shape was chosen, for the startup log (e.g. ``MESH_DEVICE=TG``)."""
+    preset: str | None = None
+    """The ``MESH_DEVICE`` preset name, when one was used (fabric defaults depend on it)."""
+
+
+class MeshBackend(Protocol):
+    name: str
+
+    def available_devices(self) -> int:
+        """How many devices this backend can open, checked before opening."""
+        ...
+
+    def open(self, request: MeshRequest) -> Any:
+        """Open the mesh; the result is what models receive as ``mesh_device``."""
+        ...
+
+    def close(self, mesh_device: Any) -> None: ...
+
+
+class HostMeshBackend:
+    """Emulates any mesh shape on the CPU."""
+
+    name = "host"
+
+    def available_devices(self) -> int:
+        return 1 << 16
+
+    def open(self, request: MeshRequest) -> Any:
+        from vllm_tt_platform.host.device import HostMeshDevice
+
+        return HostMeshDevice(request.shape)
+
+    def close(self, mesh_device: Any) -> None:
+        mesh_device.close()
+
+
+def make_backend(config: TTConfig) -> MeshBackend:
+    if config.mesh_backend == "host":
+        return HostMeshBackend()
+    from vllm_tt_platform.ttnn_mesh import TtnnMeshBackend
+
+    return TtnnMeshBackend(config)

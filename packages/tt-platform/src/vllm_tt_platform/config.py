@@ -1,0 +1,192 @@
+"""``TTConfig``: every ``--additional-config.tt.<key>`` option, typed, parsed and checked once.
+
+This module is the single list of options: each field carries its type, default, allowed
+values, environment variable and docstring; the docs' configuration reference is generated
+from it (``python -m vllm_tt_platform.config --markdown``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from vllm_tt_scheduler import DEFAULT_PREFILL_BURST
+
+from vllm_tt_platform.errors import TTConfigError
+
+KEY_PREFIX = "--additional-config.tt."
+INTERNAL_PREFIX = "_"
+"""Keys starting with ``_`` are written by the platform itself for other processes and
+packages (e.g. the scheduler); users never set them."""
+
+
+def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
+         minimum: int | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None) -> dict[str, Any]:
+    return {"doc": doc, "choices": choices, "env": env, "minimum": minimum, "choices_from": choices_from}
+
+
+def _fabric_configs() -> tuple[str, ...]:
+    import ttnn
+
+    return tuple(ttnn.FabricConfig.__members__)
+
+
+def _fabric_reliability_modes() -> tuple[str, ...]:
+    import ttnn
+
+    return tuple(ttnn.FabricReliabilityMode.__members__)
+
+
+@dataclass(frozen=True)
+class TTConfig:
+    """The TT backend's options, as resolved from ``additional_config["tt"]`` and the environment."""
+
+    mesh_backend: str = field(default="ttnn", metadata=_opt(
+        "Which mesh backend runs the model programs: `ttnn` opens a real Tenstorrent mesh; "
+        "`host` emulates the device contract on the CPU (tests, CI, development).",
+        choices=("ttnn", "host"), env="TT_MESH_BACKEND"))
+    sample_on_device_mode: str | None = field(default=None, metadata=_opt(
+        "Sample on the device for `all` steps or `decode_only`; unset samples on the host. "
+        "Needs a model declaring `supports_sample_on_device`; batches the device cannot express "
+        "fall back to the host sampler.", choices=("all", "decode_only")))
+    always_compat_sampling: bool = field(default=False, metadata=_opt(
+        "Force vLLM's host sampler for every batch (debugging, A/B checks)."))
+    trace_mode: str = field(default="all", metadata=_opt(
+        "Which programs replay captured traces: `all`, `decode_only` or `none`.",
+        choices=("all", "decode_only", "none")))
+    enable_model_warmup: bool = field(default=True, metadata=_opt(
+        "Compile and capture traces before serving. Without warmup, trace_mode must be `none`."))
+    trace_region_size: int = field(default=50_000_000, metadata=_opt(
+        "Bytes of device DRAM reserved for traces when tracing is on.", minimum=0))
+    worker_l1_size: int | None = field(default=None, metadata=_opt(
+        "Worker L1 size in bytes passed to `ttnn.open_mesh_device`; unset keeps ttnn's default.",
+        minimum=1))
+    l1_small_size: int | None = field(default=None, metadata=_opt(
+        "L1 small region in bytes passed to `ttnn.open_mesh_device`; unset keeps ttnn's default.",
+        minimum=1))
+    fabric_config: str | None = field(default=None, metadata=_opt(
+        "A `ttnn.FabricConfig` member name; unset picks by cluster: Galaxy FABRIC_1D_RING, "
+        "Blackhole Galaxy FABRIC_2D_TORUS_XY, other multi-chip FABRIC_1D, one chip none.",
+        choices_from=_fabric_configs))
+    fabric_reliability_mode: str = field(default="STRICT_INIT", metadata=_opt(
+        "A `ttnn.FabricReliabilityMode` member name.", choices_from=_fabric_reliability_modes))
+    dispatch_core_axis: str | None = field(default=None, metadata=_opt(
+        "Axis of the dispatch cores: `row` or `col`; unset keeps ttnn's default.",
+        choices=("row", "col")))
+    optimizations: str | None = field(default=None, metadata=_opt(
+        "Precision preset forwarded to the model's `initialize_vllm_model`.",
+        choices=("performance", "accuracy")))
+    prefill_burst: int = field(default=DEFAULT_PREFILL_BURST, metadata=_opt(
+        "Most consecutive prefill steps while decodes wait; bounds decode stall.", minimum=1))
+
+    provenance: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"internal": True})
+    """Where each option's value came from: `set`, `env` or `default`."""
+
+    @classmethod
+    def options(cls) -> list[Any]:
+        return [f for f in fields(cls) if not f.metadata.get("internal")]
+
+    @classmethod
+    def from_sources(cls, tt: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> TTConfig:
+        """Parse the ``tt`` section of ``additional_config`` plus the environment.
+
+        Raises :class:`TTConfigError` for an unknown key (with the closest valid one), a wrong
+        type or a value outside the allowed set.
+        """
+        environ = os.environ if environ is None else environ
+        tt = dict(tt or {})
+        known = {f.name: f for f in cls.options()}
+        for key in tt:
+            if key.startswith(INTERNAL_PREFIX):
+                continue
+            if key not in known:
+                close = difflib.get_close_matches(key, list(known), n=1)
+                hint = f"did you mean {KEY_PREFIX}{close[0]}?" if close else "remove it"
+                raise TTConfigError(
+                    f"{KEY_PREFIX}{key}", tt[key], f"one of the keys {', '.join(known)}", hint
+                )
+        values: dict[str, Any] = {}
+        provenance: dict[str, str] = {}
+        for name, f in known.items():
+            env = f.metadata["env"]
+            if name in tt:
+                values[name] = _parse(f, tt[name], f"{KEY_PREFIX}{name}")
+                provenance[name] = "set"
+            elif env and environ.get(env):
+                values[name] = _parse(f, environ[env], env)
+                provenance[name] = "env"
+            else:
+                provenance[name] = "default"
+        return cls(**values, provenance=provenance)
+
+    def summary(self) -> str:
+        """One line per option: value and whether it was set or defaulted."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r} ({self.provenance.get(f.name, 'default')})"
+                         for f in self.options())
+
+
+def _parse(f: Any, raw: Any, setting: str) -> Any:
+    kind = str(f.type)
+    optional = "None" in kind
+    if raw is None and optional:
+        return None
+    if kind.startswith("bool"):
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return raw.strip().lower() in ("true", "1", "yes", "on")
+        raise TTConfigError(setting, raw, "true or false", f"pass {setting} true or false")
+    if kind.startswith("int"):
+        value = raw
+        if isinstance(raw, str) and raw.strip().isdigit():
+            value = int(raw)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TTConfigError(setting, raw, "an integer", f"pass {setting} as a whole number")
+        minimum = f.metadata["minimum"]
+        if minimum is not None and value < minimum:
+            raise TTConfigError(setting, raw, f"an integer >= {minimum}", f"raise {setting} to at least {minimum}")
+        return value
+    if not isinstance(raw, str):
+        raise TTConfigError(setting, raw, "a string", f"pass {setting} as text")
+    choices = f.metadata["choices"] or (f.metadata["choices_from"]() if f.metadata["choices_from"] else ())
+    if choices and raw not in choices:
+        close = difflib.get_close_matches(raw, list(choices), n=1)
+        fix = f"use {close[0]!r}" if close else f"use one of {', '.join(choices)}"
+        raise TTConfigError(setting, raw, f"one of {', '.join(choices)}", fix)
+    return raw
+
+
+def markdown_reference() -> str:
+    """The configuration reference page, generated from the fields above."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `python -m vllm_tt_platform.config --markdown`; do not edit. -->",
+        "",
+        "Pass options as `--additional-config.tt.<key> <value>` (or "
+        "`--additional-config '{\"tt\": {...}}'`, or `additional_config={\"tt\": {...}}` in "
+        "`vllm.LLM`). Unknown keys, wrong types and values outside the allowed set are errors.",
+        "",
+        "| key | type | default | allowed | env | description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in TTConfig.options():
+        default = f.default if f.default is not MISSING else ""
+        choices = f.metadata["choices"]
+        allowed = ", ".join(f"`{c}`" for c in choices) if choices else (
+            "`ttnn` member names" if f.metadata["choices_from"] else (
+                f">= {f.metadata['minimum']}" if f.metadata["minimum"] is not None else ""))
+        env = f"`{f.metadata['env']}`" if f.metadata["env"] else ""
+        lines.append(f"| `{f.name}` | `{f.type}` | `{default!r}` | {allowed} | {env} | {f.metadata['doc']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(markdown_reference())
+    else:
+        sys.exit("usage: python -m vllm_tt_platform.config --markdown")

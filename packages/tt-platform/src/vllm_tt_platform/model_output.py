@@ -1,0 +1,61 @@
+"""Reading what a model's prefill/decode returned: logits, or tokens sampled on device,
+optionally with logprobs, possibly still on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class ModelOutputError(RuntimeError):
+    """A model returned something the contract does not allow."""
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    logits: torch.Tensor | None = None
+    """float ``[rows, V]``: next-token logits (host sampling)."""
+    tokens: torch.Tensor | None = None
+    """int64 ``[rows]``: tokens sampled on the device."""
+    logprobs: torch.Tensor | None = None
+    """float ``[rows]``: the sampled tokens' logprobs, when the device computed them."""
+
+
+def is_host_output(raw: Any) -> bool:
+    if isinstance(raw, torch.Tensor):
+        return True
+    return isinstance(raw, tuple) and all(x is None or isinstance(x, torch.Tensor) for x in raw)
+
+
+def parse(raw: Any, *, sampled_on_device: bool, owner: str) -> ModelOutput:
+    """Normalise a host-side model result (tensor or ``(out, logprobs)``)."""
+    logprobs = None
+    if isinstance(raw, tuple):
+        if not raw:
+            raise ModelOutputError(f"{owner} returned an empty tuple")
+        raw, logprobs = raw[0], (raw[1] if len(raw) > 1 else None)
+    if not isinstance(raw, torch.Tensor):
+        raise ModelOutputError(f"{owner} returned {type(raw).__name__}, expected a torch tensor")
+    if sampled_on_device:
+        if raw.is_floating_point():
+            raise ModelOutputError(f"{owner} was asked to sample on device but returned logits")
+        return ModelOutput(tokens=raw.reshape(-1).to(torch.int64),
+                           logprobs=logprobs if isinstance(logprobs, torch.Tensor) else None)
+    if not raw.is_floating_point() or raw.dim() != 3:
+        raise ModelOutputError(f"{owner} returned {tuple(raw.shape)} {raw.dtype}, expected float logits [rows, S, V]")
+    return ModelOutput(logits=raw[:, -1, :].float())
+
+
+def read_decode(model: Any, raw: Any, *, sampled_on_device: bool) -> ModelOutput:
+    """Bring a decode result to the host (synchronously) and parse it."""
+    if not is_host_output(raw):
+        process = getattr(model, "process_decode_output_host", None)
+        if process is None:
+            raise ModelOutputError(
+                f"{type(model).__qualname__}.decode_forward returned a device handle but the class "
+                "has no process_decode_output_host()"
+            )
+        raw = process(raw, is_tokens=sampled_on_device)
+    return parse(raw, sampled_on_device=sampled_on_device, owner=f"{type(model).__qualname__}.decode_forward")

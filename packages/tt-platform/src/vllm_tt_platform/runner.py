@@ -1,0 +1,289 @@
+"""``TTModelRunner``: turns scheduler outputs into fixed-shape model calls through the TT model
+contract, and model results into ``ModelRunnerOutput``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
+from vllm_tt_sampling.decision import (
+    DeviceSamplingCaps,
+    DeviceSamplingMode,
+    RowSampling,
+    SamplingDecision,
+    SamplingPath,
+    SamplingStats,
+    choose_sampling_path,
+    to_device_params,
+)
+from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_scheduler.phase import Phase
+
+from vllm_tt_platform import model_output
+from vllm_tt_platform.batch import PersistentBatch
+from vllm_tt_platform.setup import TTSetup
+from vllm_tt_platform.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
+
+logger = init_logger("vllm." + __name__)
+
+DEFAULT_KV_TOKENS = 131_072
+"""KV pool per lane when a model does not say (tt-metal's fallback)."""
+
+
+@dataclass
+class _PendingStep:
+    plan: StepPlan
+    decision: SamplingDecision
+    output: model_output.ModelOutput
+
+
+class TTModelRunner:
+    def __init__(self, vllm_config: VllmConfig, setup: TTSetup, mesh_device: Any) -> None:
+        self.vllm_config = vllm_config
+        self.setup = setup
+        self.mesh_device = mesh_device
+        self.model_config = vllm_config.model_config
+        self.hf_config = self.model_config.hf_text_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_model_len = self.model_config.max_model_len
+        self.topology = setup.topology
+        self.batch = PersistentBatch(self.topology.lanes, self.topology.rows_per_lane)
+        self.table_width = math.ceil(self.max_model_len / self.block_size)
+        config = setup.config
+        self.prefill_trace = config.trace_mode == "all"
+        self.decode_trace = config.trace_mode in ("all", "decode_only")
+        caps = setup.capabilities
+        self.sampling_caps = DeviceSamplingCaps(
+            max_top_k=caps.max_device_top_k,
+            penalties=caps.supports_device_penalties,
+            max_logprobs=caps.max_device_logprobs,
+        )
+        self.sampling_mode = (
+            DeviceSamplingMode(config.sample_on_device_mode) if config.sample_on_device_mode else None
+        )
+        self.sampling_stats = SamplingStats()
+        self.model: Any = None
+        self.kv_cache: Any = None
+        self.host_sampler: HostSamplingBatch | None = None
+        self._pending: _PendingStep | None = None
+
+    # -- setup -------------------------------------------------------------------------------
+    def load_model(self) -> None:
+        model_cls = self.setup.model.load_class()
+        self.model_cls = model_cls
+        self.model = model_cls.initialize_vllm_model(
+            self.model_config.hf_config,
+            self.mesh_device,
+            self.topology.decode_rows,
+            max_seq_len=self.max_model_len,
+            tt_data_parallel=self.topology.lanes,
+            optimizations=self.setup.config.optimizations,
+        )
+        self.vocab_size = self.model_config.get_vocab_size()
+        self.host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config)
+
+    @property
+    def num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    def _head_dim(self) -> int:
+        return getattr(self.hf_config, "head_dim", None) or (
+            self.hf_config.hidden_size // self.hf_config.num_attention_heads
+        )
+
+    def kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        spec = FullAttentionSpec(
+            block_size=self.block_size,
+            num_kv_heads=self.hf_config.num_key_value_heads,
+            head_size=self._head_dim(),
+            dtype=self.model_config.dtype,
+        )
+        return {f"model.layers.{i}.self_attn": spec for i in range(self.num_layers)}
+
+    def kv_blocks_wanted(self) -> int:
+        """KV blocks per lane: the model's token pool plus one block of headroom per row, and
+        the null block vLLM reserves."""
+        query = getattr(self.model_cls, "get_max_tokens_all_users", None)
+        pool = DEFAULT_KV_TOKENS
+        if query is not None:
+            pool = int(query(
+                model_name=self.model_config.model,
+                num_devices=self.topology.mesh.shape.split(self.topology.lanes).num_devices,
+                tt_data_parallel=self.topology.lanes,
+                max_model_len=self.max_model_len,
+                max_num_seqs=self.topology.rows_per_lane,
+            ))
+        blocks = math.ceil((pool + self.block_size * self.topology.rows_per_lane) / self.block_size)
+        return max(blocks, self.table_width) + 1
+
+    def kv_cache_bytes(self) -> int:
+        page = next(iter(self.kv_cache_spec().values())).page_size_bytes
+        return self.kv_blocks_wanted() * page * self.num_layers
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        self.num_blocks = kv_cache_config.num_blocks
+        self.table_width = min(self.table_width, self.num_blocks)
+        heads = self.hf_config.num_key_value_heads
+        devices = self.topology.mesh.shape.split(self.topology.lanes).num_devices
+        heads_per_device = heads // min(devices, heads)
+        shape = (self.num_blocks, heads_per_device, self.block_size, self._head_dim())
+        self.kv_cache = self.model.allocate_kv_cache(shape, self.model_config.dtype, self.num_layers)
+
+    def warm_up(self) -> None:
+        """Compile every program, then capture the traces the trace mode asks for."""
+        if not self.setup.config.enable_model_warmup:
+            return
+        for name in ("warmup_model_prefill", "warmup_model_decode"):
+            if not hasattr(self.model, name):
+                raise TypeError(
+                    f"{type(self.model).__qualname__} has no {name}(); implement it or set "
+                    "--additional-config.tt.enable_model_warmup false (with trace_mode none)"
+                )
+        on_device = self.sampling_mode is not None
+        for prefill_trace, decode_trace in ((False, False), (self.prefill_trace, self.decode_trace)):
+            if hasattr(self.model, "already_warmed_up_prefill"):
+                self.model.already_warmed_up_prefill = False
+            self.model.warmup_model_prefill(
+                kv_cache=self.kv_cache, enable_trace=prefill_trace,
+                can_sample_on_device=self.sampling_mode is DeviceSamplingMode.ALL,
+            )
+            self.model.warmup_model_decode(
+                kv_cache=self.kv_cache, enable_trace=decode_trace,
+                max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
+                can_sample_on_device=on_device,
+            )
+
+    # -- steps -------------------------------------------------------------------------------
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
+        added, resumed, released = self.batch.update(out)
+        sampler = self.host_sampler
+        for state in released:
+            sampler.remove_request(state.slot)
+        for state in (*added, *resumed):
+            sampler.add_request(state.slot, state.req_id, state.sampling_params,
+                                state.prompt_token_ids, state.output_token_ids, state.generator)
+        if out.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        rows = [ScheduledRow(self.batch.requests[req_id], n) for req_id, n in out.num_scheduled_tokens.items()]
+        fresh = {s.req_id for s in (*added, *resumed)}
+        plan = StepPlan.build(rows, fresh)
+        decision = self._choose_sampling(plan)
+        if plan.phase is Phase.PREFILL:
+            output = self._prefill(plan, decision)
+        else:
+            output = self._decode(plan, decision)
+        self._pending = _PendingStep(plan, decision, output)
+        return None
+
+    def _choose_sampling(self, plan: StepPlan) -> SamplingDecision:
+        rows = [
+            RowSampling.from_vllm(
+                r.state.sampling_params,
+                structured_output=r.state.sampling_params.structured_outputs is not None,
+                intermediate_chunk=not r.produces_token,
+            )
+            for r in plan.rows
+        ]
+        decision = choose_sampling_path(
+            rows, mode=self.sampling_mode, phase=plan.phase.name.lower(), caps=self.sampling_caps,
+            always_compat=self.setup.config.always_compat_sampling,
+        )
+        self.sampling_stats.record(decision)
+        return decision
+
+    def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
+        inputs = PrefillInputs.build(plan.rows, self.table_width)
+        on_device = decision.path is SamplingPath.DEVICE
+        kwargs: dict[str, Any] = {}
+        if on_device:
+            kwargs["sampling_params"] = to_device_params([r.state.sampling_params for r in plan.rows], self.vocab_size)
+        raw = self.model.prefill_forward(
+            tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
+            prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
+            enable_trace=self.prefill_trace, **kwargs,
+        )
+        return model_output.parse(raw, sampled_on_device=on_device,
+                                  owner=f"{type(self.model).__qualname__}.prefill_forward")
+
+    def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
+        num_slots = self.batch.num_slots
+        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width)
+        on_device = decision.path is SamplingPath.DEVICE
+        kwargs: dict[str, Any] = {}
+        if on_device:
+            by_slot: list[Any] = [None] * num_slots
+            for r in plan.rows:
+                by_slot[r.state.slot] = r.state.sampling_params
+            params = to_device_params(by_slot, self.vocab_size)
+            kwargs["sampling_params"] = params
+            if params.has_penalties:
+                kwargs["prompt_tokens"], kwargs["output_tokens"] = self._penalty_history(plan, num_slots)
+        raw = self.model.decode_forward(
+            tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
+            kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
+        )
+        return model_output.read_decode(self.model, raw, sampled_on_device=on_device)
+
+    def _penalty_history(self, plan: StepPlan, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-1-padded ``[rows, L]`` prompt and output token histories per slot."""
+        prompt_len = max(len(r.state.prompt_token_ids) for r in plan.rows)
+        output_len = max(1, max(len(r.state.output_token_ids) for r in plan.rows))
+        prompts = torch.full((num_slots, prompt_len), -1, dtype=torch.int32)
+        outputs = torch.full((num_slots, output_len), -1, dtype=torch.int32)
+        for r in plan.rows:
+            s = r.state
+            prompts[s.slot, : len(s.prompt_token_ids)] = torch.tensor(s.prompt_token_ids, dtype=torch.int32)
+            if s.output_token_ids:
+                outputs[s.slot, : len(s.output_token_ids)] = torch.tensor(s.output_token_ids, dtype=torch.int32)
+        return prompts, outputs
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        plan, output = pending.plan, pending.output
+        producing = [r for r in plan.rows if r.produces_token]
+        waiting = [r for r in plan.rows if not r.produces_token]
+        logprobs: LogprobsLists | None = None
+        if not producing:
+            tokens: list[int] = []
+        elif output.tokens is not None:
+            index = self._output_rows(plan, producing)
+            tokens = output.tokens[index].tolist()
+        else:
+            index = self._output_rows(plan, producing)
+            logits = output.logits[index]
+            slots = [r.state.slot for r in producing]
+            sampled = self.host_sampler.sample(logits, slots, grammar_output)
+            tokens = sampled.sampled_token_ids[:, 0].tolist()
+            if sampled.logprobs_tensors is not None:
+                logprobs = sampled.logprobs_tensors.tolists()
+        for r, token in zip(producing, tokens, strict=True):
+            r.state.output_token_ids.append(token)
+        ordered = producing + waiting
+        return ModelRunnerOutput(
+            req_ids=[r.state.req_id for r in ordered],
+            req_id_to_index={r.state.req_id: i for i, r in enumerate(ordered)},
+            sampled_token_ids=[[t] for t in tokens] + [[] for _ in waiting],
+            logprobs=logprobs,
+        )
+
+    def _output_rows(self, plan: StepPlan, producing: list[ScheduledRow]) -> torch.Tensor:
+        """Model output rows of ``producing``: slots for decode, plan order for prefill."""
+        if plan.phase is Phase.DECODE:
+            return torch.tensor([r.state.slot for r in producing], dtype=torch.long)
+        position = {id(r): i for i, r in enumerate(plan.rows)}
+        return torch.tensor([position[id(r)] for r in producing], dtype=torch.long)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kv_blocks_per_lane": getattr(self, "num_blocks", None),
+                "decode_rows": self.topology.decode_rows, "table_width": self.table_width}
+
+

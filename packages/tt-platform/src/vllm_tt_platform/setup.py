@@ -1,0 +1,126 @@
+"""Turns a vLLM config into a TT setup: options parsed, model resolved, topology chosen.
+
+``configure`` runs from ``TTPlatform.check_and_update_config`` in every vLLM process (front end
+and engine core), so it is idempotent; ``resolve_setup`` is the pure part the worker reuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.logger import init_logger
+from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
+from vllm_tt_models_registry.contract import ModelCapabilities
+
+from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.topology import Topology, mesh_request
+from vllm_tt_platform.validation import check_capabilities, check_environment, check_vllm_features
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger("vllm." + __name__)
+
+WORKER_CLS = "vllm_tt_platform.worker.TTWorker"
+SCHEDULER_CLS = "vllm_tt_scheduler.TTScheduler"
+ASYNC_SCHEDULER_CLS = "vllm_tt_scheduler.TTAsyncScheduler"
+DEFAULT_BLOCK_SIZE = 64
+"""tt-metal's paged attention works in tiles of 32 tokens; 64 is what its examples use."""
+
+
+@dataclass(frozen=True)
+class TTSetup:
+    config: TTConfig
+    model: RegisteredModel
+    capabilities: ModelCapabilities
+    topology: Topology
+
+
+def tt_section(vllm_config: VllmConfig) -> dict[str, Any]:
+    """The ``tt`` part of ``--additional-config`` (a dict, created if absent)."""
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict):
+        raise TTConfigError("--additional-config", extra, "a JSON object", "pass --additional-config '{\"tt\": {...}}'")
+    tt = extra.setdefault("tt", {})
+    if not isinstance(tt, dict):
+        raise TTConfigError(
+            "--additional-config.tt", tt, "a JSON object of TT options",
+            "pass options as --additional-config.tt.<key> <value>",
+        )
+    return tt
+
+
+def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> TTSetup:
+    tt = tt_section(vllm_config)
+    config = TTConfig.from_sources(tt, environ)
+    hf_config = vllm_config.model_config.hf_config
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if not archs:
+        raise TTConfigError(
+            "--model", vllm_config.model_config.model, "a checkpoint whose config.json lists `architectures`",
+            "add the Hugging Face architecture name to config.json",
+        )
+    registry = load_registry(config.mesh_backend, environ=environ)
+    model = registry.resolve(tt_arch_name(archs[0]))
+    capabilities = model.capabilities()
+    lanes = int(tt.get("_lanes", 1))
+    topology = Topology(mesh_request(environ), lanes, vllm_config.scheduler_config.max_num_seqs)
+    return TTSetup(config, model, capabilities, topology)
+
+
+_cli_defaults_applied = False
+"""Set in the CLI process once our parser defaults are in place: from then on a True
+``async_scheduling`` can only come from an explicit ``--async-scheduling``."""
+
+
+def mark_cli_defaults_applied() -> None:
+    global _cli_defaults_applied
+    _cli_defaults_applied = True
+
+
+def configure(vllm_config: VllmConfig) -> None:
+    check_environment()
+    if vllm_config.model_config is None:
+        return
+    check_vllm_features(vllm_config)
+    setup = resolve_setup(vllm_config)
+    tt = tt_section(vllm_config)
+    caps = setup.capabilities
+    scheduler = vllm_config.scheduler_config
+
+    check_capabilities(
+        setup.config, caps, setup.model.arch,
+        async_requested=bool(scheduler.async_scheduling) and _cli_defaults_applied,
+    )
+    if scheduler.async_scheduling and not caps.supports_async_decode:
+        logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
+        scheduler.async_scheduling = False
+
+    cache = vllm_config.cache_config
+    if cache.enable_prefix_caching and not caps.supports_prefix_caching:
+        logger.info("Prefix caching off: %s does not declare supports_prefix_caching.", setup.model.arch)
+        cache.enable_prefix_caching = False
+    if not cache.user_specified_block_size and cache.block_size != DEFAULT_BLOCK_SIZE:
+        cache.block_size = DEFAULT_BLOCK_SIZE
+
+    hf_config = vllm_config.model_config.hf_config
+    hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures]
+    if caps.prefill_trace_lens:
+        tt["_prefill_trace_lens"] = list(caps.prefill_trace_lens)
+
+    vllm_config.parallel_config.worker_cls = WORKER_CLS
+    scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
+    scheduler.enable_chunked_prefill = True
+
+
+def validate_request(params: Any) -> None:
+    from vllm.sampling_params import SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        raise TTUnsupportedFeatureError(
+            "request", type(params).__name__, "a generation request (SamplingParams)",
+            "TT serves text generation only; pooling requests are not supported",
+        )

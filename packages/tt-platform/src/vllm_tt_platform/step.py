@@ -1,0 +1,116 @@
+"""``StepPlan``: what one engine step asks of the model, and the fixed-shape inputs for it.
+
+A step is prefill-only or decode-only. A row is *decode* when it computes exactly its last
+known token and that token is an output token; everything else (new, resumed, prompt chunks)
+is prefill. A scheduler output that mixes the two is a broken invariant, not something to
+filter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm_tt_scheduler.phase import Phase
+
+from vllm_tt_platform.batch import RequestState
+
+
+class MixedStepError(RuntimeError):
+    """The scheduler sent prefill and decode work in one step (an internal invariant)."""
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    state: RequestState
+    num_scheduled: int
+
+    @property
+    def end(self) -> int:
+        """Token count covered once this step's tokens are computed."""
+        return self.state.num_computed_tokens + self.num_scheduled
+
+    @property
+    def produces_token(self) -> bool:
+        """False for an intermediate chunk of a chunked prefill."""
+        return self.end >= self.state.num_tokens
+
+    @property
+    def phase(self) -> Phase:
+        s = self.state
+        is_output_token = s.num_computed_tokens >= len(s.prompt_token_ids)
+        if self.num_scheduled == 1 and self.end == s.num_tokens and is_output_token:
+            return Phase.DECODE
+        return Phase.PREFILL
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    phase: Phase
+    rows: list[ScheduledRow]
+
+    @classmethod
+    def build(cls, rows: list[ScheduledRow], fresh: set[str]) -> StepPlan:
+        """``fresh`` are requests that (re)entered the batch this step: always prefill."""
+        if not rows:
+            return cls(Phase.EMPTY, [])
+        phases = {Phase.PREFILL if r.state.req_id in fresh else r.phase for r in rows}
+        if len(phases) > 1:
+            detail = ", ".join(f"{r.state.req_id}:{r.phase.name.lower()}x{r.num_scheduled}" for r in rows)
+            raise MixedStepError(f"the scheduler mixed prefill and decode rows in one step ({detail})")
+        return cls(phases.pop(), rows)
+
+
+def page_table(states: list[RequestState | None], width: int) -> torch.Tensor:
+    """int32 ``[rows, width]`` block table, zero-padded (padding rows all zeros)."""
+    table = torch.zeros((len(states), width), dtype=torch.int32)
+    for i, state in enumerate(states):
+        if state is not None and state.block_ids:
+            blocks = state.block_ids[:width]
+            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    return table
+
+
+@dataclass(frozen=True)
+class PrefillInputs:
+    tokens: torch.Tensor
+    page_table: torch.Tensor
+    prompt_lens: np.ndarray
+    start_pos: np.ndarray
+    empty_slots: list[int]
+
+    @classmethod
+    def build(cls, rows: list[ScheduledRow], table_width: int) -> PrefillInputs:
+        ends = [r.end for r in rows]
+        tokens = torch.zeros((len(rows), max(ends)), dtype=torch.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : r.end] = torch.tensor(r.state.token_ids(r.end), dtype=torch.int32)
+        return cls(
+            tokens=tokens,
+            page_table=page_table([r.state for r in rows], table_width),
+            prompt_lens=np.array(ends, dtype=np.int64),
+            start_pos=np.array([r.state.num_computed_tokens for r in rows], dtype=np.int64),
+            empty_slots=[r.state.slot for r in rows],
+        )
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    tokens: torch.Tensor
+    start_pos: torch.Tensor
+    page_table: torch.Tensor
+
+    @classmethod
+    def build(cls, rows: list[ScheduledRow], num_slots: int, table_width: int) -> DecodeInputs:
+        """The full fixed batch: every slot is a row; slots without a decode are padding
+        (token 0, position -1, zero block table)."""
+        tokens = torch.zeros((num_slots, 1), dtype=torch.int32)
+        start_pos = torch.full((num_slots,), -1, dtype=torch.int32)
+        by_slot: list[RequestState | None] = [None] * num_slots
+        for r in rows:
+            slot = r.state.slot
+            by_slot[slot] = r.state
+            tokens[slot, 0] = r.state.last_token
+            start_pos[slot] = r.state.num_computed_tokens
+        return cls(tokens, start_pos, page_table(by_slot, table_width))

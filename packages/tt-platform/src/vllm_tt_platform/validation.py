@@ -1,0 +1,105 @@
+"""Checks of a vLLM config against what the TT backend can serve, run before any device work.
+
+Each check raises a typed error naming the setting, the bad value and the fix. Where the user
+did not ask for something (it is only vLLM's default), the feature is switched off with one
+info line instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from vllm_tt_models_registry.contract import ModelCapabilities
+
+from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+TT_DEVICE_NAMES = ("", "tt")
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    environ = os.environ if environ is None else environ
+    target = environ.get("VLLM_TARGET_DEVICE", "")
+    if target.strip().lower() not in TT_DEVICE_NAMES:
+        raise TTConfigError(
+            "VLLM_TARGET_DEVICE", target, "unset (or 'tt') while the TT backend serves",
+            "unset VLLM_TARGET_DEVICE: it selects another vLLM platform",
+        )
+    v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").strip().lower()
+    if v2 not in ("", "0", "false"):
+        raise TTUnsupportedFeatureError(
+            "VLLM_USE_V2_MODEL_RUNNER", environ["VLLM_USE_V2_MODEL_RUNNER"],
+            "unset or 0; the TT model runner implements the V1 runner interface",
+            "unset VLLM_USE_V2_MODEL_RUNNER",
+        )
+
+
+def check_vllm_features(vllm_config: VllmConfig) -> None:
+    """Reject vLLM features the TT backend does not provide."""
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size > 1:
+        raise TTUnsupportedFeatureError(
+            "--tensor-parallel-size", parallel.tensor_parallel_size, "1",
+            "remove -tp; a TT model spreads over the mesh chosen with MESH_DEVICE (e.g. MESH_DEVICE=T3K)",
+        )
+    if parallel.pipeline_parallel_size > 1:
+        raise TTUnsupportedFeatureError(
+            "--pipeline-parallel-size", parallel.pipeline_parallel_size, "1",
+            "remove -pp; a TT model spreads over the mesh chosen with MESH_DEVICE (e.g. MESH_DEVICE=T3K)",
+        )
+    if vllm_config.speculative_config is not None:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config", "set", "unset", "remove --speculative-config; speculative decoding is not supported on TT",
+        )
+    if vllm_config.lora_config is not None:
+        raise TTUnsupportedFeatureError(
+            "--enable-lora", True, "off", "remove --enable-lora; LoRA adapters are not supported on TT",
+        )
+    model = vllm_config.model_config
+    if model is None:
+        return
+    if model.is_encoder_decoder:
+        raise TTUnsupportedFeatureError(
+            "--model", model.model, "a decoder-only model", "encoder-decoder models are not supported on TT",
+        )
+    if model.runner_type != "generate":
+        raise TTUnsupportedFeatureError(
+            "--runner", model.runner_type, "generate", "pooling / embedding models are not supported on TT; serve a generative model",
+        )
+    if getattr(model, "enable_prompt_embeds", False):
+        raise TTUnsupportedFeatureError(
+            "--enable-prompt-embeds", True, "off", "remove --enable-prompt-embeds; prompt embeddings are not supported on TT",
+        )
+    block = vllm_config.cache_config.block_size
+    if block % 32:
+        raise TTConfigError("--block-size", block, "a multiple of 32 (the device tile)", "use --block-size 32 or 64")
+
+
+def check_capabilities(
+    config: TTConfig, caps: ModelCapabilities, arch: str, *, async_requested: bool
+) -> None:
+    """Options that need the model to declare a capability."""
+    if config.sample_on_device_mode is not None and not caps.supports_sample_on_device:
+        raise TTUnsupportedFeatureError(
+            "--additional-config.tt.sample_on_device_mode", config.sample_on_device_mode,
+            f"unset for {arch}, whose model_capabilities do not declare supports_sample_on_device",
+            "remove sample_on_device_mode or serve a model that samples on device",
+        )
+    if async_requested and not caps.supports_async_decode:
+        raise TTUnsupportedFeatureError(
+            "--async-scheduling", True,
+            f"off for {arch}, whose model_capabilities do not declare supports_async_decode",
+            "remove --async-scheduling",
+        )
+    if config.trace_mode != "none" and not config.enable_model_warmup:
+        raise TTConfigError(
+            "--additional-config.tt.enable_model_warmup", False,
+            "true while trace_mode captures traces (traces are captured during warmup)",
+            "set enable_model_warmup true, or trace_mode none",
+        )
+

@@ -1,0 +1,107 @@
+"""``TTWorker``: vLLM's worker for one TT engine — opens the mesh through the backend seam and
+hosts the model runner."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.parallel_state import (
+    ensure_model_parallel_initialized,
+    init_distributed_environment,
+)
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from vllm_tt_platform.backend import make_backend
+from vllm_tt_platform.runner import TTModelRunner
+from vllm_tt_platform.setup import resolve_setup
+
+logger = init_logger("vllm." + __name__)
+
+
+class TTWorker(WorkerBase):
+    def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
+                 distributed_init_method: str, is_driver_worker: bool = False) -> None:
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        self.setup = resolve_setup(vllm_config)
+        self.backend = make_backend(self.setup.config)
+        self.mesh_device: Any = None
+        self.runner: TTModelRunner | None = None
+
+    def init_device(self) -> None:
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0,
+            distributed_init_method=self.distributed_init_method, backend="gloo",
+        )
+        ensure_model_parallel_initialized(1, 1)
+        self.mesh_device = self.backend.open(self.setup.topology.mesh)
+        self.runner = TTModelRunner(self.vllm_config, self.setup, self.mesh_device)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        self.runner.load_model()
+
+    def get_model(self) -> Any:
+        return self.runner.model
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return self.runner.kv_cache_spec()
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        return ["LBHNC"]
+
+    def set_kv_cache_layout(self, kv_cache_layout: str, *args: Any) -> None:
+        """The model allocates its own KV cache; vLLM's layout choice does not apply."""
+
+    def determine_available_memory(self) -> int:
+        return self.runner.kv_cache_bytes()
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.runner.initialize_kv_cache(kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        start = time.perf_counter()
+        self.runner.warm_up()
+        elapsed = time.perf_counter() - start
+        self._log_startup_summary(elapsed)
+        return CompilationTimes(language_model=elapsed, encoder=0.0)
+
+    def _log_startup_summary(self, warmup_s: float) -> None:
+        s = self.setup
+        logger.info(
+            "TT backend: %s backend, %s; model %s from %s; sampling %s; trace_mode=%s; "
+            "warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
+            s.config.mesh_backend, s.topology.describe(), s.model.arch, s.model.source,
+            f"on device ({s.config.sample_on_device_mode}) with per-batch host fallback"
+            if s.config.sample_on_device_mode else "host (vLLM sampler)",
+            s.config.trace_mode, warmup_s, self.runner.num_blocks, self.runner.block_size,
+            s.config.summary(),
+        )
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        return self.runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        return self.runner.sample_tokens(grammar_output)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def take_draft_token_ids(self) -> None:
+        return None
+
+    def check_health(self) -> None:
+        if self.mesh_device is None:
+            raise RuntimeError("the TT mesh is not open")
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.vllm_config.model_config.max_model_len = max_model_len
+
+    def shutdown(self) -> None:
+        if self.mesh_device is not None:
+            self.backend.close(self.mesh_device)
+            self.mesh_device = None
