@@ -1,0 +1,64 @@
+"""Test sessions across the supported vLLM releases.
+
+Environments are reused (a vLLM environment is ~9 GB; uv hard-links it from its cache), and
+every session runs on the Python 3.12 that created the tools environment (scripts/env.sh).
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests(0.33)"]
+
+VLLM_VERSIONS = ["0.31.0", "0.32.0", "0.33.0"]
+"""The support window: newest last. docs/support-policy.md says how it moves."""
+NEWEST = VLLM_VERSIONS[-1]
+PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
+TEST_PATHS = [f"{p}/tests" for p in PACKAGES] + ["tests"]
+TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": ""}
+
+
+def _install(session: nox.Session, vllm: str, *extra: str) -> None:
+    editable = [arg for p in PACKAGES for arg in ("-e", p)]
+    session.install(
+        "--overrides", "overrides.txt", "-r", f"requirements/vllm-{vllm}.txt",
+        "-r", "requirements/test.txt", *extra, *editable,
+    )
+
+
+@nox.session
+@nox.parametrize("vllm", VLLM_VERSIONS, ids=[v.rsplit(".", 1)[0] for v in VLLM_VERSIONS])
+def tests(session: nox.Session, vllm: str) -> None:
+    """The whole suite (unit, integration, end to end) against one vLLM release."""
+    _install(session, vllm)
+    session.run("pytest", *TEST_PATHS, *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Fast tests that never start a vLLM engine."""
+    _install(session, NEWEST)
+    session.run("pytest", *TEST_PATHS, "-m", "not e2e", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Regenerate the configuration reference from the code and fail if it was stale."""
+    _install(session, NEWEST)
+    session.run("python", "scripts/gen_docs.py", "--check", env=TEST_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks; results land in benchmarks/results/ as JSON and markdown."""
+    _install(session, NEWEST)
+    for script in ("scheduler_bench.py", "sampling_bench.py"):
+        session.run("python", f"benchmarks/{script}", *session.posargs, env=TEST_ENV)

@@ -1,0 +1,79 @@
+"""Helpers for end-to-end tests: a `vllm serve` process on loopback, and HF reference output."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "vllm"), *args]
+
+
+@contextlib.contextmanager
+def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
+          log: Path | None = None) -> Iterator[str]:
+    """Run ``vllm serve`` on 127.0.0.1 and yield its base URL once /health answers."""
+    port = free_port()
+    full_env = {**os.environ, "TT_MESH_BACKEND": "host", **(env or {})}
+    log_file = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        vllm_command("serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args),
+        env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}" + (f"; log: {log}" if log else ""))
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm serve did not become healthy in {timeout}s")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log:
+            log_file.close()
+
+
+def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations from transformers' own generate() in float32, never stopping early."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.eval()
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
+        eos_token_id=None, pad_token_id=0, bos_token_id=None,
+    )
+    outputs = []
+    with torch.no_grad():
+        for ids in prompts:
+            result = model.generate(torch.tensor([ids]), generation_config=config,
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            outputs.append(result[0, len(ids):].tolist())
+    return outputs

@@ -1,0 +1,42 @@
+"""The entry points wire the four distributions into vLLM, and the platform only activates
+where ttnn imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+BLOCK_TTNN = (
+    "import sys, importlib.abc\n"
+    "class _NoTTNN(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name == 'ttnn' or name.startswith('ttnn.'):\n"
+    "            raise ImportError('ttnn blocked for this test')\n"
+    "sys.meta_path.insert(0, _NoTTNN())\n"
+)
+SHOW_PLATFORM = "from vllm.platforms import current_platform\nprint('PLATFORM=' + type(current_platform).__name__)\n"
+
+
+def _platform_in_subprocess(prelude: str = "") -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + SHOW_PLATFORM], capture_output=True, text=True, timeout=300,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("PLATFORM=")]
+    assert lines, f"no platform printed; stderr:\n{result.stderr[-3000:]}"
+    return lines[-1].removeprefix("PLATFORM=")
+
+
+def test_entry_points_are_declared():
+    platform = {ep.name: ep.value for ep in entry_points(group="vllm.platform_plugins")}
+    general = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert platform["tt"] == "vllm_tt_platform:detect"
+    assert general["tt_model_registry"] == "vllm_tt_models_registry.plugin:register"
+
+
+def test_platform_active_when_ttnn_imports():
+    assert _platform_in_subprocess() == "TTPlatform"
+
+
+def test_platform_inactive_without_ttnn():
+    assert _platform_in_subprocess(BLOCK_TTNN) != "TTPlatform"
