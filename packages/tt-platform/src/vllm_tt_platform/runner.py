@@ -19,11 +19,11 @@ from vllm_tt_sampling.decision import (
     RowSampling,
     SamplingDecision,
     SamplingPath,
-    SamplingStats,
     choose_sampling_path,
-    to_device_params,
 )
 from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_sampling.stats import SamplingStats
+from vllm_tt_sampling.wire import to_device_params
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform import model_output
@@ -171,9 +171,7 @@ class TTModelRunner:
                                 state.prompt_token_ids, state.output_token_ids, state.generator)
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        rows = [ScheduledRow(self.batch.requests[req_id], n) for req_id, n in out.num_scheduled_tokens.items()]
-        fresh = {s.req_id for s in (*added, *resumed)}
-        plan = StepPlan.build(rows, fresh)
+        plan = StepPlan.build(out, self.batch)
         decision = self._choose_sampling(plan)
         if plan.phase is Phase.PREFILL:
             output = self._prefill(plan, decision)
@@ -261,7 +259,11 @@ class TTModelRunner:
             index = self._output_rows(plan, producing)
             logits = output.logits[index]
             slots = [r.state.slot for r in producing]
-            sampled = self.host_sampler.sample(logits, slots, grammar_output)
+            grammar: dict[str, Any] = {}
+            if grammar_output is not None:
+                grammar = {"grammar_bitmask": grammar_output.grammar_bitmask,
+                           "grammar_req_ids": grammar_output.structured_output_request_ids}
+            sampled = self.host_sampler.sample(logits, slots, **grammar)
             tokens = sampled.sampled_token_ids[:, 0].tolist()
             if sampled.logprobs_tensors is not None:
                 logprobs = sampled.logprobs_tensors.tolists()

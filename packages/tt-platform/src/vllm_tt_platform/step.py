@@ -1,9 +1,8 @@
 """``StepPlan``: what one engine step asks of the model, and the fixed-shape inputs for it.
 
-A step is prefill-only or decode-only. A row is *decode* when it computes exactly its last
-known token and that token is an output token; everything else (new, resumed, prompt chunks)
-is prefill. A scheduler output that mixes the two is a broken invariant, not something to
-filter.
+A step is prefill-only or decode-only (:func:`vllm_tt_scheduler.step_phase` classifies it the
+same way the scheduler does); a scheduler output mixing the two raises ``MixedStepError``: it
+is a broken invariant, not something to filter.
 """
 
 from __future__ import annotations
@@ -12,13 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from vllm_tt_scheduler.phase import Phase
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm_tt_scheduler.phase import Phase, step_phase
 
-from vllm_tt_platform.batch import RequestState
-
-
-class MixedStepError(RuntimeError):
-    """The scheduler sent prefill and decode work in one step (an internal invariant)."""
+from vllm_tt_platform.batch import PersistentBatch, RequestState
 
 
 @dataclass(frozen=True)
@@ -36,14 +32,6 @@ class ScheduledRow:
         """False for an intermediate chunk of a chunked prefill."""
         return self.end >= self.state.num_tokens
 
-    @property
-    def phase(self) -> Phase:
-        s = self.state
-        is_output_token = s.num_computed_tokens >= len(s.prompt_token_ids)
-        if self.num_scheduled == 1 and self.end == s.num_tokens and is_output_token:
-            return Phase.DECODE
-        return Phase.PREFILL
-
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -51,15 +39,12 @@ class StepPlan:
     rows: list[ScheduledRow]
 
     @classmethod
-    def build(cls, rows: list[ScheduledRow], fresh: set[str]) -> StepPlan:
-        """``fresh`` are requests that (re)entered the batch this step: always prefill."""
-        if not rows:
-            return cls(Phase.EMPTY, [])
-        phases = {Phase.PREFILL if r.state.req_id in fresh else r.phase for r in rows}
-        if len(phases) > 1:
-            detail = ", ".join(f"{r.state.req_id}:{r.phase.name.lower()}x{r.num_scheduled}" for r in rows)
-            raise MixedStepError(f"the scheduler mixed prefill and decode rows in one step ({detail})")
-        return cls(phases.pop(), rows)
+    def build(cls, out: SchedulerOutput, batch: PersistentBatch) -> StepPlan:
+        """Rows of ``out`` (after ``batch`` applied it); raises ``MixedStepError``."""
+        mid_prefill = {s.req_id for s in batch if s.num_computed_tokens < s.num_tokens - 1}
+        phase = step_phase(out, mid_prefill)
+        rows = [ScheduledRow(batch.requests[req_id], n) for req_id, n in out.num_scheduled_tokens.items()]
+        return cls(phase, rows)
 
 
 def page_table(states: list[RequestState | None], width: int) -> torch.Tensor:

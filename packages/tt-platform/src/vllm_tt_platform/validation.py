@@ -75,9 +75,10 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
         raise TTUnsupportedFeatureError(
             "--enable-prompt-embeds", True, "off", "remove --enable-prompt-embeds; prompt embeddings are not supported on TT",
         )
-    block = vllm_config.cache_config.block_size
-    if block % 32:
-        raise TTConfigError("--block-size", block, "a multiple of 32 (the device tile)", "use --block-size 32 or 64")
+    cache = vllm_config.cache_config
+    if cache.user_specified_block_size and cache.block_size % 32:
+        raise TTConfigError("--block-size", cache.block_size, "a multiple of 32 (the device tile)",
+                            "use --block-size 32 or 64")
 
 
 def check_capabilities(
