@@ -1,97 +1,44 @@
 """The TT model contract: what a model class must provide to be served by vllm-tt.
 
-It is the interface tt-metal's generator classes (``models/tt_transformers/tt/generator_vllm.py``)
-already implement, so those classes drop in unchanged. Everything the runner calls is listed
-here once; the registry checks a class against it when the class is registered.
+It is the interface tt-metal's generator classes (``models/tt_transformers/tt/generator_vllm.py``
+and the demos' ``generator_vllm.py``) already implement, so those classes drop in unchanged.
+Everything the runner calls is listed here once, with the exact way it is called
+(:data:`CALLS`); the registry checks a class against it when the class is registered.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from vllm_tt_models_registry.capabilities import ModelCapabilities
+from vllm_tt_models_registry.errors import ContractError
 
-@dataclass(frozen=True)
-class ModelCapabilities:
-    """What a model declares about itself in its class-level ``model_capabilities`` mapping.
-
-    Behaviour is keyed on these flags only, never on class or model names.
-    """
-
-    supports_sample_on_device: bool = False
-    """The model can finish a step with token selection and return token ids."""
-    supports_async_decode: bool = False
-    """``decode_forward(read_from_device=False)`` does not block and ``read_decode_output``
-    starts a non-blocking readback; the device keeps its own last token between steps."""
-    supports_prefix_caching: bool = False
-    """Prefill accepts ``start_pos > 0`` for tokens whose KV is already cached."""
-    single_program_lanes: bool = False
-    """One program over the whole mesh holding one KV cache per lane: ``--data-parallel-size``
-    becomes in-process lanes instead of engine processes."""
-    max_device_top_k: int = 32
-    """Largest top-k the device sampler can express; larger values fall back to host."""
-    supports_device_penalties: bool = True
-    """Presence/frequency/repetition penalties are applied by the device sampler."""
-    max_device_logprobs: int = 0
-    """How many top logprobs the device returns besides the sampled token's own."""
-    prefill_trace_lens: tuple[int, ...] = ()
-    """Prefill lengths the model captures traces for; the scheduler chunks to these."""
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any] | None, *, owner: str) -> ModelCapabilities:
-        """Parse a ``model_capabilities`` mapping; unknown keys are ignored (tt-metal adds
-        keys over time), wrong types are an error naming ``owner``."""
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise ContractError(f"{owner}.model_capabilities must be a dict, got {type(raw).__name__}")
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in raw:
-                continue
-            value = raw[f.name]
-            if f.name == "prefill_trace_lens":
-                if not isinstance(value, (list, tuple)) or not all(
-                    isinstance(v, int) and v > 0 for v in value
-                ):
-                    raise ContractError(
-                        f"{owner}.model_capabilities['prefill_trace_lens'] must be a list of "
-                        f"positive ints, got {value!r}"
-                    )
-                value = tuple(sorted(value))
-            elif f.type == "bool" and not isinstance(value, bool):
-                raise ContractError(
-                    f"{owner}.model_capabilities[{f.name!r}] must be true or false, got {value!r}"
-                )
-            elif f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ContractError(
-                    f"{owner}.model_capabilities[{f.name!r}] must be an int, got {value!r}"
-                )
-            values[f.name] = value
-        return cls(**values)
-
-    @classmethod
-    def of(cls, model_cls: type) -> ModelCapabilities:
-        return cls.from_mapping(
-            getattr(model_cls, "model_capabilities", None), owner=model_cls.__qualname__
-        )
-
-
-class ContractError(TypeError):
-    """A model class does not satisfy the TT model contract."""
+__all__ = [
+    "CALLS",
+    "OPTIONAL_METHODS",
+    "REQUIRED_METHODS",
+    "CallShape",
+    "ContractError",
+    "ModelCapabilities",
+    "TTModel",
+    "TTModelExtras",
+    "check_model_class",
+]
 
 
 @runtime_checkable
 class TTModel(Protocol):
     """A TT model ("generator"), as tt-metal's ``generator_vllm.py`` classes implement it.
 
-    All forward and warmup calls pass keyword arguments; implementations should accept
+    Forward and warmup calls pass keyword arguments; implementations should accept
     ``**kwargs`` so that new optional arguments do not break them.
     """
 
     model_capabilities: ClassVar[Mapping[str, Any]]
+    """Optional: see :class:`ModelCapabilities` for the keys; missing keys take defaults."""
 
     @classmethod
     def initialize_vllm_model(
@@ -109,7 +56,8 @@ class TTModel(Protocol):
 
     def allocate_kv_cache(self, kv_cache_shape: tuple[int, ...], dtype: Any, num_layers: int) -> Any:
         """Allocate the paged KV cache: per lane, per layer, ``[K, V]`` each of
-        ``(num_blocks, num_kv_heads, block_size, head_dim)``. The result is opaque to the runner."""
+        ``(num_blocks, num_kv_heads, block_size, head_dim)``. The result is opaque to the runner.
+        A class may provide ``allocate_kv_cache_per_layer`` instead."""
         ...
 
     def prefill_forward(
@@ -146,6 +94,138 @@ class TTModel(Protocol):
         ...
 
 
+class TTModelExtras(Protocol):
+    """Optional members: the runner uses each one only if the class has it."""
+
+    @classmethod
+    def get_max_tokens_all_users(
+        cls,
+        model_name: str,
+        num_devices: int,
+        tt_data_parallel: int,
+        max_model_len: int,
+        max_num_seqs: int,
+    ) -> int:
+        """The KV token pool shared by all users of one lane; sizes the KV cache without
+        memory profiling (131072 when absent)."""
+        ...
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
+        """``{layer name: KVCacheSpec}`` for models with mixed attention (sliding windows);
+        opts into one page table per layer group."""
+        ...
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs: Any) -> Any:
+        """Like ``allocate_kv_cache`` from ``[(shape, dtype, tensor_idx), ...]``; layers with
+        the same ``tensor_idx`` share storage."""
+        ...
+
+    def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
+        """Start a non-blocking readback of one decode submission: ``(host_out, events)``.
+        Required when ``supports_async_decode`` is declared."""
+        ...
+
+    def process_decode_output_host(self, tt_out: Any, is_tokens: bool = False) -> Any:
+        """Turn a device handle or a ``read_decode_output`` result into host tensors."""
+        ...
+
+    def warmup_model_prefill(self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool) -> None:
+        """Compile (and with ``enable_trace``, capture) the prefill programs before serving."""
+        ...
+
+    def warmup_model_decode(
+        self,
+        kv_cache: Any,
+        enable_trace: bool,
+        max_batch_size: int,
+        num_blocks: int,
+        can_sample_on_device: bool,
+    ) -> None:
+        """Compile (and with ``enable_trace``, capture) the decode programs before serving."""
+        ...
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """How the runner calls one member: which arguments by position, which by keyword."""
+
+    member: str
+    positional: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    on_class: bool = False
+    """Called on the class before any instance exists (must be a classmethod)."""
+
+    def render(self) -> str:
+        args = list(self.positional) + [f"{k}=..." for k in self.keywords]
+        return f"{self.member}({', '.join(args)})"
+
+
+CALLS: Mapping[str, CallShape] = {
+    c.member: c
+    for c in (
+        CallShape(
+            "initialize_vllm_model",
+            ("hf_config", "mesh_device", "max_batch_size"),
+            ("max_seq_len", "tt_data_parallel", "optimizations"),
+            on_class=True,
+        ),
+        CallShape("allocate_kv_cache", ("kv_cache_shape", "dtype", "num_layers")),
+        CallShape(
+            "prefill_forward",
+            keywords=(
+                "tokens",
+                "page_table",
+                "kv_cache",
+                "prompt_lens",
+                "start_pos",
+                "empty_slots",
+                "enable_trace",
+            ),
+        ),
+        CallShape(
+            "decode_forward",
+            keywords=(
+                "tokens",
+                "start_pos",
+                "page_table",
+                "kv_cache",
+                "enable_trace",
+                "read_from_device",
+            ),
+        ),
+        CallShape(
+            "get_max_tokens_all_users",
+            keywords=(
+                "model_name",
+                "num_devices",
+                "tt_data_parallel",
+                "max_model_len",
+                "max_num_seqs",
+            ),
+            on_class=True,
+        ),
+        CallShape("get_kv_cache_spec", ("vllm_config",), on_class=True),
+        CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
+        CallShape("read_decode_output", ("tt_out",), ("async_read",)),
+        CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
+        CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
+        CallShape(
+            "warmup_model_decode",
+            keywords=(
+                "kv_cache",
+                "enable_trace",
+                "max_batch_size",
+                "num_blocks",
+                "can_sample_on_device",
+            ),
+        ),
+    )
+}
+"""Every member the runner calls, with the arguments it always passes. Arguments passed
+only sometimes (``sampling_params``, ``page_tables_per_layer``, ...) need ``**kwargs`` or an
+explicit parameter; ``sampling_params`` is checked when ``supports_sample_on_device``."""
+
 REQUIRED_METHODS: tuple[str, ...] = (
     "initialize_vllm_model",
     "allocate_kv_cache",
@@ -155,37 +235,86 @@ REQUIRED_METHODS: tuple[str, ...] = (
 """Members every model class must define (``allocate_kv_cache_per_layer`` may stand in for
 ``allocate_kv_cache``)."""
 
-OPTIONAL_METHODS: tuple[str, ...] = (
-    "allocate_kv_cache_per_layer",
-    "read_decode_output",
-    "process_decode_output_host",
-    "warmup_model_prefill",
-    "warmup_model_decode",
-    "get_max_tokens_all_users",
-    "get_kv_cache_spec",
-)
+OPTIONAL_METHODS: tuple[str, ...] = tuple(name for name in CALLS if name not in REQUIRED_METHODS)
 
 
-def check_model_class(model_cls: Any, *, owner: str) -> ModelCapabilities:
-    """Check ``model_cls`` against the contract and return its declared capabilities.
+def check_model_class(
+    model_cls: Any, *, owner: str, overrides: Mapping[str, Any] | None = None
+) -> ModelCapabilities:
+    """Check ``model_cls`` against the contract and return its capabilities (the class's own
+    ``model_capabilities`` with a registration's ``overrides`` on top).
 
-    Raises :class:`ContractError` naming ``owner`` (a bundle folder or table entry) and the
-    missing member.
+    Raises :class:`ContractError` naming ``owner`` (a bundle folder or table entry), the
+    member and what is wrong with it.
     """
     if not inspect.isclass(model_cls):
-        raise ContractError(f"{owner}: {model_cls!r} is not a class")
-    for name in REQUIRED_METHODS:
-        if name == "allocate_kv_cache" and hasattr(model_cls, "allocate_kv_cache_per_layer"):
+        raise ContractError(owner, f"{model_cls!r} is not a class", "point it at a class")
+    name = model_cls.__qualname__
+    for member in REQUIRED_METHODS:
+        if member == "allocate_kv_cache" and callable(
+            getattr(model_cls, "allocate_kv_cache_per_layer", None)
+        ):
             continue
-        member = getattr(model_cls, name, None)
-        if member is None or not callable(member):
+        if not callable(getattr(model_cls, member, None)):
             raise ContractError(
-                f"{owner}: class {model_cls.__qualname__} has no method {name}(); "
-                f"every TT model must implement {', '.join(REQUIRED_METHODS)}"
+                owner,
+                f"class {name} has no method {member}()",
+                f"implement {CALLS[member].render()}; every TT model implements "
+                f"{', '.join(REQUIRED_METHODS)} (docs/bundles.md, the TTModel protocol)",
             )
-    init = inspect.getattr_static(model_cls, "initialize_vllm_model")
-    if not isinstance(init, classmethod):
+    try:
+        capabilities = ModelCapabilities.of(model_cls, overrides)
+    except ContractError as exc:
+        raise ContractError(owner, f"class {name}.{exc.problem}", exc.fix) from exc
+    for member, shape in CALLS.items():
+        if hasattr(model_cls, member):
+            _check_callable_as(model_cls, shape, owner)
+    if capabilities.supports_sample_on_device:
+        for member in ("prefill_forward", "decode_forward"):
+            _check_callable_as(
+                model_cls,
+                CallShape(member, keywords=(*CALLS[member].keywords, "sampling_params")),
+                owner,
+                why="it declares supports_sample_on_device",
+            )
+    if capabilities.supports_async_decode and not callable(getattr(model_cls, "read_decode_output", None)):
         raise ContractError(
-            f"{owner}: {model_cls.__qualname__}.initialize_vllm_model must be a classmethod"
+            owner,
+            f"class {name} declares supports_async_decode but has no method read_decode_output()",
+            f"implement {CALLS['read_decode_output'].render()} or drop the capability",
         )
-    return ModelCapabilities.of(model_cls)
+    return capabilities
+
+
+def _check_callable_as(model_cls: type, shape: CallShape, owner: str, why: str = "") -> None:
+    """The member accepts the arguments the runner passes, and is bound the way it is called."""
+    name = f"{model_cls.__qualname__}.{shape.member}"
+    raw = inspect.getattr_static(model_cls, shape.member)
+    if shape.on_class and not isinstance(raw, (classmethod, staticmethod)):
+        raise ContractError(
+            owner,
+            f"{name} must be a classmethod (the runner calls it on the class before any instance exists)",
+            f"add @classmethod to {shape.member}",
+        )
+    if not callable(getattr(model_cls, shape.member)):
+        raise ContractError(owner, f"{name} is not a method", f"implement {shape.render()} as a method")
+    if isinstance(raw, (classmethod, staticmethod)):
+        receiver: tuple[Any, ...] = ()
+    elif inspect.isfunction(raw):
+        receiver = (None,)  # the instance
+    else:
+        return  # a callable object or C function: its signature cannot be read reliably
+    try:
+        signature = inspect.signature(getattr(model_cls, shape.member))
+    except (TypeError, ValueError):
+        return
+    args = receiver + (None,) * len(shape.positional)
+    try:
+        signature.bind(*args, **dict.fromkeys(shape.keywords))
+    except TypeError as exc:
+        reason = f" ({why})" if why else ""
+        raise ContractError(
+            owner,
+            f"{name}{signature} cannot be called as {shape.render()}{reason}: {exc}",
+            "accept these arguments (add **kwargs for the ones you ignore)",
+        ) from exc

@@ -1,0 +1,108 @@
+"""What a model declares about itself, so that no behaviour is keyed on a class or model name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from vllm_tt_models_registry.errors import ContractError
+
+_FIX = "declare model_capabilities as a dict of the ModelCapabilities fields with those types"
+
+
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a model declares in its class-level ``model_capabilities`` mapping.
+
+    A registration (a bundle's metadata, a builtin table entry) may add to it. Behaviour is
+    keyed on these flags only, never on class or model names.
+    """
+
+    supports_sample_on_device: bool = False
+    """The model can finish a step with token selection and return token ids."""
+    supports_async_decode: bool = False
+    """``decode_forward(read_from_device=False)`` does not block and ``read_decode_output``
+    starts a non-blocking readback; the device keeps its own last token between steps."""
+    supports_prefix_caching: bool = False
+    """Prefill accepts ``start_pos > 0`` for tokens whose KV is already cached."""
+    single_program_lanes: bool = False
+    """One program over the whole mesh holding one KV cache per lane: ``--data-parallel-size``
+    becomes in-process lanes instead of engine processes."""
+    max_device_top_k: int = 32
+    """Largest top-k the device sampler can express; larger values fall back to host."""
+    supports_device_penalties: bool = True
+    """Presence/frequency/repetition penalties are applied by the device sampler."""
+    max_device_logprobs: int = 0
+    """How many top logprobs the device returns besides the sampled token's own."""
+    prefill_trace_lens: tuple[int, ...] = ()
+    """Prefill lengths the model captures traces for; the scheduler chunks to these."""
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None, *, owner: str) -> ModelCapabilities:
+        """Parse a ``model_capabilities`` mapping; unknown keys are ignored (tt-metal adds
+        keys over time), wrong types are an error naming ``owner``."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ContractError(owner, f"model_capabilities must be a dict, got {type(raw).__name__}", _FIX)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in raw:
+                continue
+            value = raw[f.name]
+            if f.name == "prefill_trace_lens":
+                if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+                ):
+                    raise ContractError(
+                        owner,
+                        f"model_capabilities['prefill_trace_lens'] must be a list of positive "
+                        f"ints, got {value!r}",
+                        _FIX,
+                    )
+                value = tuple(sorted(value))
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise ContractError(
+                    owner,
+                    f"model_capabilities[{f.name!r}] must be true or false, got {value!r}",
+                    _FIX,
+                )
+            elif f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ContractError(
+                    owner, f"model_capabilities[{f.name!r}] must be an int, got {value!r}", _FIX
+                )
+            values[f.name] = value
+        return cls(**values)
+
+    @classmethod
+    def of(cls, model_cls: type, overrides: Mapping[str, Any] | None = None) -> ModelCapabilities:
+        """The class's declared capabilities, with a registration's ``overrides`` on top."""
+        declared = getattr(model_cls, "model_capabilities", None)
+        owner = model_cls.__qualname__
+        if declared is not None and not isinstance(declared, Mapping):
+            return cls.from_mapping(declared, owner=owner)  # raises, naming the owner
+        return cls.from_mapping({**(declared or {}), **(overrides or {})}, owner=owner)
+
+    def non_defaults(self) -> dict[str, Any]:
+        """The flags that differ from the defaults (what is worth showing a user)."""
+        default = ModelCapabilities()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON schema of a ``capabilities`` object in bundle metadata (no unknown keys:
+        a typo there must not silently turn a feature off)."""
+        props: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.type == "bool":
+                props[f.name] = {"type": "boolean"}
+            elif f.type == "int":
+                props[f.name] = {"type": "integer", "minimum": 0}
+            else:
+                props[f.name] = {"type": "array", "items": {"type": "integer", "minimum": 1}}
+        return {"type": "object", "additionalProperties": False, "properties": props}

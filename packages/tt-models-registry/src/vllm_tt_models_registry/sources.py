@@ -1,0 +1,85 @@
+"""Model sources: other packages' tables of TT models, found through an entry-point group.
+
+A mesh backend other than ttnn (the host reference backend) brings its own implementations of
+some families. It declares them as ``[project.entry-points."vllm_tt.model_sources"]
+<backend> = "pkg.module:TABLE"``, where ``TABLE`` maps TT (or HF) architecture names to lazy
+``module:Class`` targets. The registry never imports the providing package's code otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from vllm_tt_models_registry.errors import RegistryError
+from vllm_tt_models_registry.names import is_target, tt_arch_name
+
+MODEL_SOURCES_GROUP = "vllm_tt.model_sources"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One backend's table of TT models: ``{TT arch: "module:Class"}``."""
+
+    name: str
+    targets: Mapping[str, str] = field(default_factory=dict)
+    origin: str = ""
+    """Where the table came from (an entry point), for error messages."""
+
+    @classmethod
+    def from_table(cls, name: str, table: Any, *, origin: str) -> ModelSource:
+        """Validate a source's table: a mapping of architecture names to ``module:Class``."""
+        if not isinstance(table, Mapping):
+            raise RegistryError(
+                f"model source {name!r} ({origin}) must be a dict of architecture -> "
+                f"'module:Class', got {type(table).__name__}. Fix: the providing package "
+                f"must export a dict"
+            )
+        targets: dict[str, str] = {}
+        for arch, target in table.items():
+            if not isinstance(arch, str) or not is_target(target):
+                raise RegistryError(
+                    f"model source {name!r} ({origin}): entry {arch!r}: {target!r} is not a "
+                    f"'module:Class' string. Fix: correct the table in the providing package"
+                )
+            targets[tt_arch_name(arch)] = target
+        return cls(name, targets, origin)
+
+
+def installed_source_names(eps: Iterable[metadata.EntryPoint] | None = None) -> tuple[str, ...]:
+    """Names of the model sources installed packages declare (cheap: nothing is imported)."""
+    found = _entry_points() if eps is None else eps
+    return tuple(sorted({ep.name for ep in found}))
+
+
+def load_source(name: str, eps: Iterable[metadata.EntryPoint] | None = None) -> ModelSource:
+    """Import the table of the model source called ``name`` (for the mesh backend ``name``)."""
+    matches = [ep for ep in (_entry_points() if eps is None else eps) if ep.name == name]
+    if not matches:
+        raise RegistryError(
+            f"TT_MESH_BACKEND={name!r} needs a model source named {name!r} in the entry-point "
+            f"group {MODEL_SOURCES_GROUP}, and no installed package declares one. "
+            f"Fix: install the package providing it (vllm-tt-platform provides 'host'), "
+            f"or use TT_MESH_BACKEND=ttnn"
+        )
+    if len({ep.value for ep in matches}) > 1:
+        raise RegistryError(
+            f"model source {name!r} is declared twice in {MODEL_SOURCES_GROUP}: "
+            f"{', '.join(ep.value for ep in matches)}. Fix: uninstall one of the packages"
+        )
+    ep = matches[0]
+    origin = f"entry point {ep.value}"
+    try:
+        table = ep.load()
+    except Exception as exc:
+        raise RegistryError(
+            f"model source {name!r}: loading {ep.value} failed ({type(exc).__name__}: {exc}). "
+            f"Fix: reinstall the package that provides it"
+        ) from exc
+    return ModelSource.from_table(name, table, origin=origin)
+
+
+def _entry_points() -> Iterable[metadata.EntryPoint]:
+    return metadata.entry_points(group=MODEL_SOURCES_GROUP)
