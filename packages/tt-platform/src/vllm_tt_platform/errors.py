@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 
-class TTConfigError(ValueError):
+class TTConfigError(Exception):
     """A setting has a value the TT backend cannot serve with.
 
-    The message always names the setting, the bad value, what is allowed and the fix.
+    The message always names the setting, the bad value, what is allowed and the fix. Not a
+    ``ValueError`` on purpose: vLLM builds its config inside pydantic, which would re-wrap a
+    ``ValueError`` into a generic validation error and hide this type from the user.
     """
 
     def __init__(self, setting: str, value: Any, allowed: str, fix: str) -> None:

@@ -1,0 +1,33 @@
+"""Configuration mistakes reach a `vllm serve` user as a non-zero exit with the TT message on
+stderr, before any device work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.e2e.helpers import vllm_command
+
+pytestmark = pytest.mark.e2e
+
+CASES = [
+    ("unknown-key", ["--additional-config.tt.trace_mod", "all"], {}, "--additional-config.tt.trace_mod",
+     "did you mean --additional-config.tt.trace_mode"),
+    ("tensor-parallel", ["-tp", "2"], {}, "--tensor-parallel-size", "MESH_DEVICE"),
+    ("mesh-device", [], {"MESH_DEVICE": "T4K"}, "MESH_DEVICE='T4K'", "T3K"),
+    ("async-without-capability", ["--async-scheduling"], {}, "--async-scheduling", "supports_async_decode"),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "setting", "hint"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_serve_rejects_bad_configuration(tiny_checkpoint, args, env, setting, hint):
+    model = tiny_checkpoint("llama")
+    result = subprocess.run(
+        vllm_command("serve", str(model), "--port", "1", "--max-model-len", "256", *args),
+        env={**os.environ, "TT_MESH_BACKEND": "host", **env}, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert setting in result.stderr, result.stderr[-2000:]
+    assert hint in result.stderr
