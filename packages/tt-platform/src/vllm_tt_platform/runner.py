@@ -162,7 +162,7 @@ class TTModelRunner:
 
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
-        added, resumed, released = self.batch.update(out)
+        added, resumed, released = self.batch.update(out, self._lanes_of_new(out))
         sampler = self.host_sampler
         for state in released:
             sampler.remove_request(state.slot)
@@ -179,6 +179,12 @@ class TTModelRunner:
             output = self._decode(plan, decision)
         self._pending = _PendingStep(plan, decision, output)
         return None
+
+    def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
+        """Lane of each new request, read from its first block id (lane-numbered blocks)."""
+        if self.topology.lanes == 1:
+            return {}
+        return {new.req_id: new.block_ids[0][0] // self.num_blocks for new in out.scheduled_new_reqs}
 
     def _choose_sampling(self, plan: StepPlan) -> SamplingDecision:
         rows = [
@@ -197,7 +203,7 @@ class TTModelRunner:
         return decision
 
     def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
-        inputs = PrefillInputs.build(plan.rows, self.table_width)
+        inputs = PrefillInputs.build(plan.rows, self.table_width, self.num_blocks)
         on_device = decision.path is SamplingPath.DEVICE
         kwargs: dict[str, Any] = {}
         if on_device:
@@ -212,7 +218,7 @@ class TTModelRunner:
 
     def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
         num_slots = self.batch.num_slots
-        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width)
+        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks)
         on_device = decision.path is SamplingPath.DEVICE
         kwargs: dict[str, Any] = {}
         if on_device:

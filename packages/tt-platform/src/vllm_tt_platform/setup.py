@@ -27,6 +27,7 @@ logger = init_logger("vllm." + __name__)
 WORKER_CLS = "vllm_tt_platform.worker.TTWorker"
 SCHEDULER_CLS = "vllm_tt_scheduler.TTScheduler"
 ASYNC_SCHEDULER_CLS = "vllm_tt_scheduler.TTAsyncScheduler"
+LANE_SCHEDULER_CLS = "vllm_tt_scheduler.TTLaneCoordinator"
 DEFAULT_BLOCK_SIZE = 64
 """tt-metal's paged attention works in tiles of 32 tokens; 64 is what its examples use."""
 
@@ -67,8 +68,39 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
     model = registry.resolve(tt_arch_name(archs[0]))
     capabilities = model.capabilities()
     lanes = int(tt.get("_lanes", 1))
-    topology = Topology(mesh_request(environ), lanes, vllm_config.scheduler_config.max_num_seqs)
+    rows_per_lane = int(tt.get("_rows_per_lane", vllm_config.scheduler_config.max_num_seqs))
+    topology = Topology(mesh_request(environ), lanes, rows_per_lane)
     return TTSetup(config, model, capabilities, topology)
+
+
+def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``--data-parallel-size N`` on a single-program model becomes N in-process lanes: one
+    engine process, one mesh program per step, ``--max-num-seqs`` rows per lane.
+
+    vLLM's parallel config is collapsed to one process and ``max_num_seqs`` becomes the global
+    row count; the lane shape is recorded in the ``tt`` section so later calls (and the engine
+    process) see the same topology.
+    """
+    tt = tt_section(vllm_config)
+    parallel = vllm_config.parallel_config
+    if "_lanes" in tt or parallel.data_parallel_size <= 1 or not caps.single_program_lanes:
+        return
+    lanes = parallel.data_parallel_size
+    mesh = mesh_request()
+    mesh.shape.split(lanes)  # raises when the lanes do not divide the mesh
+    scheduler = vllm_config.scheduler_config
+    tt["_lanes"] = lanes
+    tt["_rows_per_lane"] = scheduler.max_num_seqs
+    scheduler.max_num_seqs *= lanes
+    scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
+    parallel.data_parallel_size = 1
+    parallel.data_parallel_size_local = 1
+    parallel.data_parallel_rank = 0
+    logger.info(
+        "Data parallelism as in-process lanes: %s declares single_program_lanes; %d lanes x %d rows "
+        "on %s split into %s sub-meshes, one engine process.",
+        arch, lanes, tt["_rows_per_lane"], mesh.shape, mesh.shape.split(lanes),
+    )
 
 
 _cli_defaults_applied = False
@@ -86,6 +118,8 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
+    setup = resolve_setup(vllm_config)
+    fold_data_parallel_into_lanes(vllm_config, setup.capabilities, setup.model.arch)
     setup = resolve_setup(vllm_config)
     tt = tt_section(vllm_config)
     caps = setup.capabilities
@@ -112,7 +146,10 @@ def configure(vllm_config: VllmConfig) -> None:
         tt["_prefill_trace_lens"] = list(caps.prefill_trace_lens)
 
     vllm_config.parallel_config.worker_cls = WORKER_CLS
-    scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
+    if setup.topology.lanes > 1:
+        scheduler.scheduler_cls = LANE_SCHEDULER_CLS
+    else:
+        scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     scheduler.enable_chunked_prefill = True
 
 

@@ -47,13 +47,14 @@ class StepPlan:
         return cls(phase, rows)
 
 
-def page_table(states: list[RequestState | None], width: int) -> torch.Tensor:
-    """int32 ``[rows, width]`` block table, zero-padded (padding rows all zeros)."""
+def page_table(states: list[RequestState | None], width: int, blocks_per_lane: int) -> torch.Tensor:
+    """int32 ``[rows, width]`` block table of lane-local block ids, zero-padded (padding rows
+    all zeros). With lanes, the scheduler numbers blocks ``lane * blocks_per_lane + local``."""
     table = torch.zeros((len(states), width), dtype=torch.int32)
     for i, state in enumerate(states):
         if state is not None and state.block_ids:
-            blocks = state.block_ids[:width]
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            blocks = torch.tensor(state.block_ids[:width], dtype=torch.int32)
+            table[i, : len(blocks)] = blocks % blocks_per_lane
     return table
 
 
@@ -66,14 +67,14 @@ class PrefillInputs:
     empty_slots: list[int]
 
     @classmethod
-    def build(cls, rows: list[ScheduledRow], table_width: int) -> PrefillInputs:
+    def build(cls, rows: list[ScheduledRow], table_width: int, blocks_per_lane: int) -> PrefillInputs:
         ends = [r.end for r in rows]
         tokens = torch.zeros((len(rows), max(ends)), dtype=torch.int32)
         for i, r in enumerate(rows):
             tokens[i, : r.end] = torch.tensor(r.state.token_ids(r.end), dtype=torch.int32)
         return cls(
             tokens=tokens,
-            page_table=page_table([r.state for r in rows], table_width),
+            page_table=page_table([r.state for r in rows], table_width, blocks_per_lane),
             prompt_lens=np.array(ends, dtype=np.int64),
             start_pos=np.array([r.state.num_computed_tokens for r in rows], dtype=np.int64),
             empty_slots=[r.state.slot for r in rows],
@@ -87,7 +88,8 @@ class DecodeInputs:
     page_table: torch.Tensor
 
     @classmethod
-    def build(cls, rows: list[ScheduledRow], num_slots: int, table_width: int) -> DecodeInputs:
+    def build(cls, rows: list[ScheduledRow], num_slots: int, table_width: int, blocks_per_lane: int,
+              ) -> DecodeInputs:
         """The full fixed batch: every slot is a row; slots without a decode are padding
         (token 0, position -1, zero block table)."""
         tokens = torch.zeros((num_slots, 1), dtype=torch.int32)
@@ -98,4 +100,4 @@ class DecodeInputs:
             by_slot[slot] = r.state
             tokens[slot, 0] = r.state.last_token
             start_pos[slot] = r.state.num_computed_tokens
-        return cls(tokens, start_pos, page_table(by_slot, table_width))
+        return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
