@@ -11,6 +11,9 @@ from dataclasses import dataclass
 NO_LOGPROBS = -2
 """``num_logprobs`` value for a row that wants no logprobs (0 = the sampled token's only)."""
 
+DEVICE_TOP_K = 32
+"""tt-metal's sampler considers at most this many candidates per row (larger k is capped)."""
+
 
 @dataclass(frozen=True)
 class TTSamplingParams:

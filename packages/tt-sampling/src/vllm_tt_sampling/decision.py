@@ -1,0 +1,245 @@
+"""Per-batch choice between sampling on the TT device and vLLM's host sampler.
+
+A TT model samples a whole call at once, so the choice is per batch: one request that needs a
+feature the device lacks sends its neighbours to the host sampler too. The function here is pure
+(no vLLM import, no state) so the runner can call it every step and tests can pin every rule.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from vllm_tt_sampling.params import DEVICE_TOP_K
+from vllm_tt_sampling.stats import SamplingStats
+from vllm_tt_sampling.wire import to_device_params
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+__all__ = [
+    "DeviceSamplingCaps",
+    "DeviceSamplingMode",
+    "Phase",
+    "RowSampling",
+    "SamplingDecision",
+    "SamplingPath",
+    "SamplingStats",
+    "choose_sampling_path",
+    "to_device_params",
+]
+
+SAMPLING_EPS = 1e-5
+"""vLLM's threshold below which a temperature means greedy."""
+
+NO_DEVICE_LOGPROBS = -1
+"""``DeviceSamplingCaps.max_logprobs`` of a model that returns no logprobs at all."""
+
+Phase = Literal["prefill", "decode"]
+
+
+class DeviceSamplingMode(enum.Enum):
+    """Operator setting ``sample_on_device_mode``: which phases may sample on device."""
+
+    ALL = "all"
+    DECODE_ONLY = "decode_only"
+
+    @classmethod
+    def parse(cls, value: str | None) -> DeviceSamplingMode | None:
+        """Read the user's setting; ``None`` keeps host sampling everywhere."""
+        if value is None:
+            return None
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(
+                f"sample_on_device_mode={value!r} is not a mode; use one of {allowed} "
+                "or leave it unset for host sampling."
+            ) from None
+
+
+class SamplingPath(enum.Enum):
+    DEVICE = "device"
+    HOST = "host"
+
+
+@dataclass(frozen=True)
+class DeviceSamplingCaps:
+    """What the model's on-device sampler can do, from its declared capabilities."""
+
+    max_top_k: int = DEVICE_TOP_K
+    """Largest top-k the device honours exactly."""
+    penalties: bool = True
+    """Presence/frequency/repetition penalties are applied on device."""
+    max_logprobs: int = 0
+    """Largest ``SamplingParams.logprobs`` served: 0 = the sampled token's logprob only,
+    ``NO_DEVICE_LOGPROBS`` = none."""
+
+    @classmethod
+    def from_model_capabilities(cls, capabilities: Mapping[str, Any]) -> DeviceSamplingCaps:
+        """Build from a model class's ``model_capabilities`` dict (tt-metal key names)."""
+        top_k = capabilities.get("max_device_top_k")
+        if top_k is None:
+            top_k = DEVICE_TOP_K
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(
+                f"model_capabilities['max_device_top_k']={top_k!r} must be a positive int "
+                f"(tt-metal devices sample from at most {DEVICE_TOP_K} candidates)."
+            )
+        penalties = capabilities.get("supports_device_penalties", True)
+        if not isinstance(penalties, bool):
+            raise ValueError(f"model_capabilities['supports_device_penalties']={penalties!r} must be a bool.")
+        logprobs = capabilities.get("max_device_logprobs", 0)
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < -1:
+            raise ValueError(
+                f"model_capabilities['max_device_logprobs']={logprobs!r} must be an int >= -1 "
+                "(-1 = no logprobs, 0 = sampled token only, n = top-n)."
+            )
+        return cls(max_top_k=top_k, penalties=penalties, max_logprobs=logprobs)
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """What one scheduled request asks of the sampler, reduced to the facts the choice needs."""
+
+    greedy: bool
+    top_k: int
+    """vLLM's value: 0 or -1 = disabled (the whole vocabulary)."""
+    penalties: bool
+    logprobs: int | None
+    """vLLM's value: None = none, 0 = sampled token, n = top-n, -1 = whole vocabulary."""
+    logprob_token_ids: bool = False
+    prompt_logprobs: bool = False
+    allowed_token_ids: bool = False
+    bad_words: bool = False
+    min_p: bool = False
+    logit_bias: bool = False
+    min_tokens: bool = False
+    logits_processors: bool = False
+    thinking_budget: bool = False
+    structured_output: bool = False
+    intermediate_chunk: bool = False
+
+    @classmethod
+    def from_vllm(
+        cls,
+        params: SamplingParams,
+        *,
+        structured_output: bool,
+        intermediate_chunk: bool,
+        logits_processors_configured: bool = False,
+        num_output_tokens: int | None = None,
+    ) -> RowSampling:
+        """View of vLLM ``SamplingParams`` plus what only the runner knows.
+
+        ``logits_processors_configured``: custom logits processors are loaded (they may act on
+        any request). ``num_output_tokens``: when given, ``min_tokens`` stops counting once met.
+        """
+        min_tokens = params.min_tokens > 0 and (
+            num_output_tokens is None or num_output_tokens < params.min_tokens
+        )
+        return cls(
+            greedy=params.temperature < SAMPLING_EPS,
+            top_k=params.top_k,
+            penalties=(
+                params.presence_penalty != 0.0
+                or params.frequency_penalty != 0.0
+                or params.repetition_penalty != 1.0
+            ),
+            logprobs=params.logprobs,
+            logprob_token_ids=bool(params.logprob_token_ids),
+            prompt_logprobs=params.prompt_logprobs is not None,
+            allowed_token_ids=bool(params.allowed_token_ids),
+            bad_words=bool(params.bad_words) or bool(params.bad_words_token_ids),
+            min_p=params.min_p > SAMPLING_EPS,
+            logit_bias=bool(params.logit_bias),
+            min_tokens=min_tokens,
+            logits_processors=logits_processors_configured or bool(params.extra_args),
+            thinking_budget=getattr(params, "thinking_token_budget", None) is not None,
+            structured_output=structured_output or params.structured_outputs is not None,
+            intermediate_chunk=intermediate_chunk,
+        )
+
+
+@dataclass(frozen=True)
+class SamplingDecision:
+    path: SamplingPath
+    reason: str
+    """Stable short code: ``"device"`` or why the batch could not sample on device."""
+
+
+def _top_k_exceeds(row: RowSampling, caps: DeviceSamplingCaps) -> bool:
+    # Greedy rows ignore top-k. A disabled top-k (<= 0) means the whole vocabulary, which the
+    # device cannot do: tt-metal silently maps k < 1 to 32, changing the distribution.
+    if row.greedy:
+        return False
+    return row.top_k < 1 or row.top_k > caps.max_top_k
+
+
+def _logprobs_exceed(row: RowSampling, caps: DeviceSamplingCaps) -> bool:
+    if row.logprob_token_ids:
+        return True
+    if row.logprobs is None:
+        return False
+    if caps.max_logprobs < 0 or row.logprobs < 0:
+        return True
+    return row.logprobs > caps.max_logprobs
+
+
+_RowCheck = Callable[[RowSampling, DeviceSamplingCaps, Phase], bool]
+
+# Checked in this order; the first rule any row breaks names the reason. Keep the codes stable:
+# they appear in step traces and logs.
+_ROW_CHECKS: tuple[tuple[str, _RowCheck], ...] = (
+    ("structured_output", lambda r, c, p: r.structured_output),
+    ("intermediate_chunk", lambda r, c, p: r.intermediate_chunk),
+    ("allowed_token_ids", lambda r, c, p: r.allowed_token_ids),
+    ("bad_words", lambda r, c, p: r.bad_words),
+    ("min_p", lambda r, c, p: r.min_p),
+    ("logit_bias", lambda r, c, p: r.logit_bias),
+    ("min_tokens", lambda r, c, p: r.min_tokens),
+    ("logits_processors", lambda r, c, p: r.logits_processors),
+    ("thinking_budget", lambda r, c, p: r.thinking_budget),
+    # Prompt logprobs need the logits of every prompt position, which only prefill produces.
+    ("prompt_logprobs", lambda r, c, p: p == "prefill" and r.prompt_logprobs),
+    ("logprobs_exceed_device", lambda r, c, p: _logprobs_exceed(r, c)),
+    ("top_k_exceeds_device", lambda r, c, p: _top_k_exceeds(r, c)),
+    ("penalties_unsupported", lambda r, c, p: r.penalties and not c.penalties),
+)
+
+REASONS: tuple[str, ...] = (
+    "mode_off",
+    "always_compat",
+    "phase_not_enabled",
+    *(code for code, _ in _ROW_CHECKS),
+    "device",
+)
+"""Every reason code ``choose_sampling_path`` can return."""
+
+
+def choose_sampling_path(
+    requests: Sequence[RowSampling],
+    *,
+    mode: DeviceSamplingMode | None,
+    phase: Phase,
+    caps: DeviceSamplingCaps,
+    always_compat: bool,
+) -> SamplingDecision:
+    """Device sampling only when the operator enabled it for this phase and every request uses
+    only what the device does (greedy/temperature, top-k up to ``caps.max_top_k``, top-p, seed,
+    penalties if declared, logprobs up to ``caps.max_logprobs``)."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'.")
+    if mode is None:
+        return SamplingDecision(SamplingPath.HOST, "mode_off")
+    if always_compat:
+        return SamplingDecision(SamplingPath.HOST, "always_compat")
+    if mode is DeviceSamplingMode.DECODE_ONLY and phase == "prefill":
+        return SamplingDecision(SamplingPath.HOST, "phase_not_enabled")
+    for code, breaks in _ROW_CHECKS:
+        if any(breaks(row, caps, phase) for row in requests):
+            return SamplingDecision(SamplingPath.HOST, code)
+    return SamplingDecision(SamplingPath.DEVICE, "device")

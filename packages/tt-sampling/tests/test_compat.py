@@ -1,0 +1,46 @@
+"""Tombstones for ``host.compat``, and the ``VllmConfig`` attributes the host sampler reads.
+
+Each tombstone asserts the vLLM behaviour that made a workaround necessary; when one fails,
+vLLM changed, and the matching override in ``PortableSampler`` can probably be deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+from vllm.v1.sample.ops import logprobs as vllm_logprobs
+from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+from vllm.v1.sample.sampler import Sampler
+from vllm_tt_sampling.host.compat import PortableSampler
+
+
+def test_tombstone_vllm_ranks_are_torch_compiled():
+    # PortableSampler.gather_logprobs exists because this helper is torch.compile-d with the
+    # platform's backend (inductor by default, which needs a working compiler toolchain).
+    assert hasattr(vllm_logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")
+
+
+def test_tombstone_vllm_cpu_kernels_need_compiled_ops():
+    # PortableSampler.greedy_sample and the pinned forward_native exist because CPU platforms
+    # route these through vLLM's compiled _C extension.
+    assert "_C.greedy_argmax" in inspect.getsource(Sampler.greedy_sample)
+    assert "fused_gumbel_argmax" in inspect.getsource(TopKTopPSampler.forward_cpu)
+
+
+def test_portable_sampler_uses_plain_torch_paths():
+    sampler = PortableSampler()
+    assert sampler.topk_topp_sampler.forward == sampler.topk_topp_sampler.forward_native
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0]])
+    assert sampler.greedy_sample(logits).tolist() == [1, 2]
+
+
+def test_config_attributes_read_by_host_sampler_exist():
+    # The unit tests pass a stand-in with only these attributes (see test_host_batch.py).
+    assert {"scheduler_config", "model_config", "speculative_config"} <= {
+        f.name for f in dataclasses.fields(VllmConfig)
+    }
+    assert {"logits_processors", "logprobs_mode"} <= {f.name for f in dataclasses.fields(ModelConfig)}
+    assert "max_num_seqs" in {f.name for f in dataclasses.fields(SchedulerConfig)}
