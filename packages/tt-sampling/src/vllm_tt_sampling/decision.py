@@ -150,7 +150,7 @@ class RowSampling:
                 or params.repetition_penalty != 1.0
             ),
             logprobs=params.logprobs,
-            logprob_token_ids=bool(params.logprob_token_ids),
+            logprob_token_ids=bool(getattr(params, "logprob_token_ids", None)),
             prompt_logprobs=params.prompt_logprobs is not None,
             allowed_token_ids=bool(params.allowed_token_ids),
             bad_words=bool(params.bad_words) or bool(params.bad_words_token_ids),

@@ -25,7 +25,8 @@ def build_metadata(
     logprobs = [vocab_size if p.logprobs == -1 else p.logprobs for p in params]
     asked = [n for n in logprobs if n is not None]
     no_penalties = not any(r.penalised for r in requests)
-    token_ids = {i: list(p.logprob_token_ids) for i, p in enumerate(params) if p.logprob_token_ids}
+    # getattr: logprob_token_ids is recent; older vLLM releases of the support window may lack it.
+    token_ids = {i: list(ids) for i, p in enumerate(params) if (ids := getattr(p, "logprob_token_ids", None))}
     return SamplingMetadata(
         temperature=None
         if all_greedy
