@@ -1,0 +1,19 @@
+"""Host reference models: real torch math behind the TT model contract, for the host mesh.
+
+Importing this package stays cheap (no torch): the model registry reads ``HOST_MODELS``
+through the ``vllm_tt.model_sources`` entry point and imports a class only when it is used.
+"""
+
+from __future__ import annotations
+
+_FAMILIES = "vllm_tt_platform.host.models.families"
+
+HOST_MODELS: dict[str, str] = {
+    "TTLlamaForCausalLM": f"{_FAMILIES}:HostLlamaForCausalLM",
+    "TTMistralForCausalLM": f"{_FAMILIES}:HostMistralForCausalLM",
+    "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
+    "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
+}
+"""TT architecture name -> ``"module:Class"`` of its host reference model."""
+
+__all__ = ["HOST_MODELS"]

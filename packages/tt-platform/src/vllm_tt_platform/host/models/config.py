@@ -1,0 +1,191 @@
+"""``DecoderConfig``: the few numbers the host decoder needs, read from an HF config.
+
+One parser for all four families; a family only decides which projections carry a bias and
+whether q/k are normalised per head. Anything the host math does not implement (sliding
+windows, other rope types, other activations) is refused here, by name, instead of producing
+silently wrong logits later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+
+ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters; the llama3 fields are only read when ``rope_type`` is llama3."""
+
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf(cls, hf_config: Any, family: str, *, n_layers: int | None = None) -> DecoderConfig:
+        """Read ``hf_config`` (a transformers config or anything with the same attributes)."""
+        if family not in FAMILIES:
+            raise ValueError(f"family={family!r} is not one of {', '.join(FAMILIES)}")
+        model = _model_name(hf_config)
+        _reject_sliding_window(hf_config, model)
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            raise TTUnsupportedFeatureError(
+                f"{model}: hidden_act", act, "silu", "serve this model with a ttnn mesh"
+            )
+        heads = _positive_int(hf_config, "num_attention_heads", model)
+        kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+        if heads % kv_heads:
+            raise TTConfigError(
+                f"{model}: num_key_value_heads",
+                kv_heads,
+                f"a divisor of num_attention_heads={heads}",
+                "check the checkpoint's config.json",
+            )
+        hidden = _positive_int(hf_config, "hidden_size", model)
+        head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
+        layers = _positive_int(hf_config, "num_hidden_layers", model)
+        if n_layers is not None:
+            if not 0 < n_layers <= layers:
+                raise TTConfigError(
+                    "n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model"
+                )
+            layers = n_layers
+        attention_bias = bool(getattr(hf_config, "attention_bias", False))
+        return cls(
+            family=family,
+            vocab_size=_positive_int(hf_config, "vocab_size", model),
+            hidden_size=hidden,
+            intermediate_size=_positive_int(hf_config, "intermediate_size", model),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
+            rope=_rope_config(hf_config, model, head_dim),
+            max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            qkv_bias=True if family == "qwen2" else attention_bias,
+            o_bias=False if family == "qwen2" else attention_bias,
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            qk_norm=family == "qwen3",
+        )
+
+
+def _model_name(hf_config: Any) -> str:
+    return str(getattr(hf_config, "_name_or_path", "") or type(hf_config).__name__)
+
+
+def _positive_int(hf_config: Any, name: str, model: str) -> int:
+    value = getattr(hf_config, name, None)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TTConfigError(f"{model}: {name}", value, "a positive int", "check the checkpoint's config.json")
+    return value
+
+
+def _reject_sliding_window(hf_config: Any, model: str) -> None:
+    """Host attention is full attention; a window would make it silently wrong past the window."""
+    window = getattr(hf_config, "sliding_window", None)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:
+        active = any(t != "full_attention" for t in layer_types)
+    else:
+        active = window is not None and getattr(hf_config, "use_sliding_window", True) is not False
+    if active:
+        raise TTUnsupportedFeatureError(
+            f"{model}: sliding_window",
+            window,
+            "null (full attention on every layer)",
+            "host reference models implement full attention only; use a checkpoint whose "
+            'config.json has "sliding_window": null (e.g. Mistral v0.2 or later)',
+        )
+
+
+def _rope_config(hf_config: Any, model: str, head_dim: int) -> RopeConfig:
+    """Transformers 5 keeps rope in ``rope_parameters``; older configs use ``rope_theta`` plus
+    ``rope_scaling``. Both are read."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if not isinstance(params, Mapping):
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    if "rope_theta" not in params and all(isinstance(v, Mapping) for v in params.values()):
+        raise TTUnsupportedFeatureError(
+            f"{model}: rope_parameters",
+            dict(params),
+            "one set for all layers",
+            "host reference models use one rotary embedding for every layer",
+        )
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise TTUnsupportedFeatureError(
+            f"{model}: rope_type",
+            rope_type,
+            f"one of {', '.join(ROPE_TYPES)}",
+            "serve this model with a ttnn mesh, or a checkpoint with default/llama3 rope",
+        )
+    partial = float(
+        params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) or 1.0
+    )
+    if partial != 1.0:
+        raise TTUnsupportedFeatureError(
+            f"{model}: partial_rotary_factor",
+            partial,
+            "1.0",
+            "host reference models rotate the whole head",
+        )
+    if head_dim % 2:
+        raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
+    if rope_type == "default":
+        return RopeConfig(theta=float(params.get("rope_theta", 10000.0)))
+    missing = [k for k in _LLAMA3_KEYS if k not in params]
+    if missing:
+        raise TTConfigError(
+            f"{model}: rope_parameters",
+            dict(params),
+            f"llama3 rope with {', '.join(_LLAMA3_KEYS)}",
+            f"add {', '.join(missing)} to the checkpoint's rope parameters",
+        )
+    return RopeConfig(
+        theta=float(params.get("rope_theta", 10000.0)),
+        rope_type="llama3",
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )
