@@ -69,6 +69,7 @@ class TTModelRunner:
             DeviceSamplingMode(config.sample_on_device_mode) if config.sample_on_device_mode else None
         )
         self.sampling_stats = SamplingStats()
+        self.custom_logits_processors = bool(self.model_config.logits_processors)
         self.model: Any = None
         self.kv_cache: Any = None
         self.host_sampler: HostSamplingBatch | None = None
@@ -192,6 +193,8 @@ class TTModelRunner:
                 r.state.sampling_params,
                 structured_output=r.state.sampling_params.structured_outputs is not None,
                 intermediate_chunk=not r.produces_token,
+                logits_processors_configured=self.custom_logits_processors,
+                num_output_tokens=len(r.state.output_token_ids),
             )
             for r in plan.rows
         ]
