@@ -12,7 +12,6 @@ nothing a first request does not); the decode compile pass runs one all-padding 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -23,6 +22,7 @@ from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.checkpoint import load_decoder_weights, resolve_checkpoint_dir
 from vllm_tt_platform.host.models.config import DecoderConfig
 from vllm_tt_platform.host.models.decoder import HostDecoder
+from vllm_tt_platform.host.models.inputs import check_decode, check_kv, plan_prefill, prompt_history
 from vllm_tt_platform.host.models.lanes import LaneLayout
 from vllm_tt_platform.host.models.paged_kv import LaneKV
 from vllm_tt_platform.host.models.shapes import (
@@ -30,7 +30,6 @@ from vllm_tt_platform.host.models.shapes import (
     HostModelInputError,
     TraceKey,
     buckets_up_to,
-    prefill_bucket,
 )
 from vllm_tt_platform.host.models.vllm_surface import VllmInspectionSurface
 
@@ -237,8 +236,10 @@ class HostCausalLM(VllmInspectionSurface):
         otherwise each row's tokens up to its prompt length are."""
         tokens = torch.as_tensor(tokens)
         page_table = torch.as_tensor(page_table)
-        self._check_kv(kv_cache)
-        rows = self._plan_prefill(tokens, page_table, kv_cache, prompt_lens, start_pos, empty_slots)
+        check_kv(kv_cache, self.lanes)
+        rows = plan_prefill(
+            tokens, page_table, kv_cache, prompt_lens, start_pos, empty_slots, self.lanes, self.max_seq_len
+        )
         if enable_trace:  # every shape is checked before any KV is written
             for row in rows:
                 self.lanes.devices[row.lane].replay_trace(TraceKey.prefill(row.bucket))
@@ -259,7 +260,7 @@ class HostCausalLM(VllmInspectionSurface):
         ends = [row.end for row in rows]
         history = kwargs.get("prompt_tokens")
         if history is None and sampling_params.has_penalties:
-            history = _prompt_history(tokens, ends)
+            history = prompt_history(tokens, ends)
         last_input = torch.tensor(ends) - 1
         return self._sample(logits, sampling_params, last_input, history, kwargs.get("output_tokens"))
 
@@ -285,8 +286,8 @@ class HostCausalLM(VllmInspectionSurface):
         tokens = tokens[:, 0] if tokens.dim() == 2 else tokens.reshape(-1)
         positions = torch.as_tensor(start_pos).reshape(-1).long()
         page_table = torch.as_tensor(page_table)
-        self._check_kv(kv_cache)
-        self._check_decode(tokens, positions, page_table, kv_cache)
+        check_kv(kv_cache, self.lanes)
+        check_decode(tokens, positions, page_table, kv_cache, self.lanes, self.max_seq_len)
         if enable_trace:
             key = TraceKey.decode(self.lanes.rows_per_lane, sampling_params is not None)
             for device in self.lanes.devices:
@@ -297,73 +298,6 @@ class HostCausalLM(VllmInspectionSurface):
         return self._sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)
 
     # ---- helpers -----------------------------------------------------------------------
-
-    def _plan_prefill(
-        self,
-        tokens: torch.Tensor,
-        page_table: torch.Tensor,
-        kv_cache: list[LaneKV],
-        prompt_lens: Any,
-        start_pos: Any,
-        empty_slots: Any,
-    ) -> list[_PrefillRow]:
-        """Check every row of a prefill call and pick its lane and bucket."""
-        count = tokens.shape[0]
-        ends = _ints(prompt_lens)
-        starts = [0] * count if start_pos is None else _ints(start_pos)
-        slots = list(range(count)) if empty_slots is None else _ints(empty_slots)
-        if not len(ends) == len(starts) == len(slots) == page_table.shape[0] == count:
-            raise HostModelInputError(
-                f"prefill rows disagree: tokens {count}, prompt_lens {len(ends)}, start_pos "
-                f"{len(starts)}, empty_slots {len(slots)}, page_table {page_table.shape[0]}"
-            )
-        rows = []
-        for i, (start, end, slot) in enumerate(zip(starts, ends, slots, strict=True)):
-            if not 0 <= start < end <= min(tokens.shape[1], self.max_seq_len):
-                raise HostModelInputError(
-                    f"prefill row {i}: need 0 <= start_pos ({start}) < prompt_len ({end}) <= "
-                    f"min(tokens width {tokens.shape[1]}, max_seq_len {self.max_seq_len})"
-                )
-            lane = self.lanes.lane_of(slot)
-            blocks = -(-end // paged_kv.block_size(kv_cache[lane]))
-            if blocks > page_table.shape[1]:
-                raise HostModelInputError(
-                    f"prefill row {i} needs {blocks} blocks, the page table has {page_table.shape[1]}"
-                )
-            _check_pages(page_table[i, :blocks], f"row {i}", kv_cache[lane])
-            rows.append(_PrefillRow(lane, start, end, prefill_bucket(end - start)))
-        return rows
-
-    def _check_decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        page_table: torch.Tensor,
-        kv_cache: list[LaneKV],
-    ) -> None:
-        batch = self.max_batch_size
-        if not tokens.shape[0] == positions.shape[0] == page_table.shape[0] == batch:
-            raise HostModelInputError(
-                f"decode runs the full fixed batch of {batch} rows (a traced shape); got tokens "
-                f"{tokens.shape[0]}, start_pos {positions.shape[0]}, page_table "
-                f"{page_table.shape[0]} rows. Pad with start_pos=-1 rows"
-            )
-        if int(positions.max()) >= self.max_seq_len:
-            raise HostModelInputError(
-                f"decode position {int(positions.max())} is past max_seq_len {self.max_seq_len}"
-            )
-        for lane in range(self.lanes.count):
-            rows = self.lanes.rows(lane)
-            lane_pos = positions[rows.start : rows.stop]
-            live = lane_pos >= 0
-            blocks = lane_pos[live] // paged_kv.block_size(kv_cache[lane])
-            if blocks.numel() and int(blocks.max()) >= page_table.shape[1]:
-                raise HostModelInputError(
-                    f"decode needs block {int(blocks.max())}, the page table has "
-                    f"{page_table.shape[1]} per row"
-                )
-            pages = page_table[rows.start : rows.stop][live].gather(1, blocks[:, None])
-            _check_pages(pages.reshape(-1), f"lane {lane}", kv_cache[lane])
 
     def _sample(
         self,
@@ -392,37 +326,3 @@ class HostCausalLM(VllmInspectionSurface):
         if any(params.enable_log_probs):
             return result.tokens, result.logprobs
         return result.tokens
-
-    def _check_kv(self, kv_cache: Any) -> None:
-        if not isinstance(kv_cache, (list, tuple)) or len(kv_cache) != self.lanes.count:
-            raise HostModelInputError(
-                f"kv_cache must be the object allocate_kv_cache returned ({self.lanes.count} lane(s))"
-            )
-
-
-@dataclass(frozen=True)
-class _PrefillRow:
-    lane: int
-    start: int
-    end: int
-    bucket: int
-
-
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in torch.as_tensor(values).reshape(-1).tolist()]
-
-
-def _check_pages(pages: torch.Tensor, where: str, lane_kv: LaneKV) -> None:
-    num_blocks = lane_kv[0][0].shape[0]
-    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_blocks):
-        raise HostModelInputError(
-            f"page_table ({where}) points outside the {num_blocks} KV blocks: {pages.tolist()}"
-        )
-
-
-def _prompt_history(tokens: torch.Tensor, ends: list[int]) -> torch.Tensor:
-    """Each row's tokens up to its prompt length, ``-1`` after: the penalty history."""
-    history = tokens.long().clone()
-    columns = torch.arange(tokens.shape[1])[None, :]
-    history[columns >= torch.tensor(ends)[:, None]] = -1
-    return history
