@@ -7,7 +7,7 @@ and engine core), so it is idempotent; ``resolve_setup`` is the pure part the wo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
@@ -67,13 +67,17 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
     registry = load_registry(config.mesh_backend, environ=environ)
     model = registry.resolve(tt_arch_name(archs[0]))
     capabilities = model.capabilities()
+    return TTSetup(config, model, capabilities, _topology(vllm_config, environ))
+
+
+def _topology(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> Topology:
+    tt = tt_section(vllm_config)
     lanes = int(tt.get("_lanes", 1))
     rows_per_lane = int(tt.get("_rows_per_lane", vllm_config.scheduler_config.max_num_seqs))
-    topology = Topology(mesh_request(environ), lanes, rows_per_lane)
-    return TTSetup(config, model, capabilities, topology)
+    return Topology(mesh_request(environ), lanes, rows_per_lane)
 
 
-def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> bool:
     """``--data-parallel-size N`` on a single-program model becomes N in-process lanes: one
     engine process, one mesh program per step, ``--max-num-seqs`` rows per lane.
 
@@ -84,7 +88,7 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
     tt = tt_section(vllm_config)
     parallel = vllm_config.parallel_config
     if "_lanes" in tt or parallel.data_parallel_size <= 1 or not caps.single_program_lanes:
-        return
+        return False
     lanes = parallel.data_parallel_size
     mesh = mesh_request()
     mesh.shape.split(lanes)  # raises when the lanes do not divide the mesh
@@ -101,6 +105,7 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
         "on %s split into %s sub-meshes, one engine process.",
         arch, lanes, tt["_rows_per_lane"], mesh.shape, mesh.shape.split(lanes),
     )
+    return True
 
 
 _cli_defaults_applied = False
@@ -119,8 +124,8 @@ def configure(vllm_config: VllmConfig) -> None:
         return
     check_vllm_features(vllm_config)
     setup = resolve_setup(vllm_config)
-    fold_data_parallel_into_lanes(vllm_config, setup.capabilities, setup.model.arch)
-    setup = resolve_setup(vllm_config)
+    if fold_data_parallel_into_lanes(vllm_config, setup.capabilities, setup.model.arch):
+        setup = replace(setup, topology=_topology(vllm_config))
     tt = tt_section(vllm_config)
     caps = setup.capabilities
     scheduler = vllm_config.scheduler_config
