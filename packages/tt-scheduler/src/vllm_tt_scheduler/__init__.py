@@ -1,1 +1,44 @@
-"""vllm_tt_scheduler."""
+"""vllm-tt-scheduler: vLLM's scheduler restricted to prefill-only, decode-only or empty steps.
+
+``Phase``, ``step_phase`` and the option defaults import without vLLM; the scheduler
+classes load vLLM on first access (vLLM resolves ``scheduler_cls`` by attribute).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm_tt_scheduler.options import (
+    CONFIG_KEYS,
+    DEFAULT_PREFILL_BURST,
+    DEFAULT_PREFILL_HOLD,
+    SchedulerOptions,
+)
+from vllm_tt_scheduler.phase import MixedStepError, Phase, step_phase
+
+if TYPE_CHECKING:
+    from vllm_tt_scheduler.lanes import TTLaneCoordinator
+    from vllm_tt_scheduler.scheduler import TTAsyncScheduler, TTScheduler
+
+__all__ = [
+    "CONFIG_KEYS",
+    "DEFAULT_PREFILL_BURST",
+    "DEFAULT_PREFILL_HOLD",
+    "MixedStepError",
+    "Phase",
+    "SchedulerOptions",
+    "TTAsyncScheduler",
+    "TTLaneCoordinator",
+    "TTScheduler",
+    "step_phase",
+]
+
+_LAZY = {"TTScheduler": "scheduler", "TTAsyncScheduler": "scheduler", "TTLaneCoordinator": "lanes"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"vllm_tt_scheduler.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'vllm_tt_scheduler' has no attribute {name!r}")

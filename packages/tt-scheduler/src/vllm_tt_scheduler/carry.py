@@ -1,0 +1,34 @@
+"""Carry what a discarded scheduling pass drained into the output that runs instead.
+
+Every call to vLLM's ``schedule()`` hands over, and then forgets, the ids of requests
+finished or preempted since the last call, the encoder cache entries freed, and a
+few KV-manager queues. When a pass that scheduled nothing is replaced by the other
+phase's pass, dropping those leaves stale requests (and their device state) on the
+runner for good.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.core.sched.output import SchedulerOutput
+
+from vllm_tt_scheduler.compat import encoder_input_updates
+
+
+def carry_over(discarded: SchedulerOutput, kept: SchedulerOutput) -> SchedulerOutput:
+    """Merge the drained fields of ``discarded`` into ``kept`` and return ``kept``."""
+    if discarded.finished_req_ids:
+        kept.finished_req_ids = discarded.finished_req_ids | kept.finished_req_ids
+    if discarded.preempted_req_ids:
+        kept.preempted_req_ids = discarded.preempted_req_ids | (kept.preempted_req_ids or set())
+    if discarded.free_encoder_mm_hashes:
+        kept.free_encoder_mm_hashes = discarded.free_encoder_mm_hashes + kept.free_encoder_mm_hashes
+    if encoder_input_updates(discarded):
+        merged = dict(encoder_input_updates(discarded))
+        for req_id, updates in encoder_input_updates(kept).items():
+            merged[req_id] = {**merged.get(req_id, {}), **updates}
+        kept.encoder_input_updates = merged
+    if discarded.new_block_ids_to_zero:
+        kept.new_block_ids_to_zero = discarded.new_block_ids_to_zero + (kept.new_block_ids_to_zero or [])
+    if discarded.kv_cache_block_copies:
+        kept.kv_cache_block_copies = discarded.kv_cache_block_copies + (kept.kv_cache_block_copies or [])
+    return kept

@@ -1,0 +1,74 @@
+"""The three step outcomes a Tenstorrent mesh can run, and a runner-side check.
+
+A mesh replays captured traces of fixed shape: one family for prefill, one for decode.
+A step that mixes the two has no trace, so the scheduler only ever emits a
+prefill-only, a decode-only, or an empty step. This module has no heavy imports, so
+the model runner can use the same enum to check the step it receives.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Container, Sequence
+from typing import Protocol
+
+
+class Phase(enum.Enum):
+    """What one engine step does on the device."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    EMPTY = "empty"
+
+
+class MixedStepError(RuntimeError):
+    """A step carries both prefill and decode rows; no trace can run it."""
+
+    def __init__(self, prefill_req_ids: Sequence[str], decode_req_ids: Sequence[str]) -> None:
+        self.prefill_req_ids = tuple(prefill_req_ids)
+        self.decode_req_ids = tuple(decode_req_ids)
+        super().__init__(
+            "mixed prefill/decode step: prefill rows "
+            f"{list(self.prefill_req_ids)}, decode rows {list(self.decode_req_ids)}; "
+            "the TT scheduler must never emit this (is scheduler_cls a TT scheduler?)"
+        )
+
+
+class _NewRequest(Protocol):
+    req_id: str
+
+
+class _CachedRequests(Protocol):
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+
+
+class _StepOutput(Protocol):
+    scheduled_new_reqs: Sequence[_NewRequest]
+    scheduled_cached_reqs: _CachedRequests
+    total_num_scheduled_tokens: int
+
+
+def step_phase(scheduler_output: _StepOutput, mid_prefill: Container[str]) -> Phase:
+    """Classify a scheduler output the way the runner sees it.
+
+    A row is prefill when its request is new, resumed (replaying after preemption),
+    or was left mid-prefill by an earlier chunk; every other cached row is a decode.
+    ``mid_prefill`` is the runner's own record: the ids whose last scheduled chunk
+    ended before the request's last known token. Raises ``MixedStepError`` when
+    both kinds appear.
+    """
+    if scheduler_output.total_num_scheduled_tokens == 0:
+        return Phase.EMPTY
+    cached = scheduler_output.scheduled_cached_reqs
+    prefill_ids = [req.req_id for req in scheduler_output.scheduled_new_reqs]
+    decode_ids: list[str] = []
+    resumed = cached.resumed_req_ids
+    for req_id in cached.req_ids:
+        if req_id in resumed or req_id in mid_prefill:
+            prefill_ids.append(req_id)
+        else:
+            decode_ids.append(req_id)
+    if prefill_ids and decode_ids:
+        raise MixedStepError(prefill_ids, decode_ids)
+    return Phase.PREFILL if prefill_ids else Phase.DECODE

@@ -1,0 +1,76 @@
+"""Which phase the next step should be: a pure decision over a small view of the queues.
+
+Kept apart from the vLLM wrapper so the rules read (and are tested) as a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_tt_scheduler.phase import Phase
+
+
+@dataclass(frozen=True)
+class WorkView:
+    """The queue facts the decision needs, gathered in one cheap pass."""
+
+    decodes: int
+    """Running requests past their prefill (each wants one decode token)."""
+    partials: int
+    """Running requests in the middle of a chunked prefill."""
+    admissible: int
+    """Waiting requests a prefill pass could admit now (slot free, ready, KV fits)."""
+    full: bool = False
+    """The admissions fill this step's token budget: waiting cannot add to them."""
+    must_scan: bool = False
+    """A waiting request needs vLLM's admission scan even if nothing gets admitted
+    (e.g. its grammar failed to compile and must be finished as an error)."""
+    steps: int = 1
+    """Prefill steps those admissions take (more than one when prompts are chunked)."""
+
+    @property
+    def wants_prefill(self) -> bool:
+        return bool(self.partials or self.admissible or self.must_scan)
+
+
+@dataclass
+class PhasePolicy:
+    """Prefill-first with a bounded decode stall, plus an admission hold.
+
+    Rules, in order: nothing runs -> prefill if there is prefill work, else empty;
+    no prefill work -> decode; ``prefill_burst`` prefill steps in a row have stalled
+    the decodes -> decode; chunks in flight, a pending scan, or admissions that fill
+    the step's token budget -> prefill. Other admissions are held back while the
+    wait they have accrued (request-steps) is below ``hold_ratio`` x the decode
+    steps their prefill would stall (decodes x prefill steps): admitting one request
+    per freed slot would otherwise cost a whole decode step per request.
+    ``hold_ratio=0`` admits at once.
+    """
+
+    prefill_burst: int
+    hold_ratio: float = 0.0
+    burst: int = 0
+    """Prefill steps in a row that stalled running decodes."""
+    debt: int = 0
+    """Request-steps that admissible work has waited since the last prefill step."""
+
+    def plan(self, view: WorkView) -> Phase:
+        """The phase to try for the next step."""
+        if not view.decodes:
+            return Phase.PREFILL if view.wants_prefill else Phase.EMPTY
+        if not view.wants_prefill or self.burst >= self.prefill_burst:
+            return Phase.DECODE
+        if view.partials or view.must_scan or view.full:
+            return Phase.PREFILL
+        if self.debt + view.admissible >= view.decodes * view.steps * self.hold_ratio:
+            return Phase.PREFILL
+        return Phase.DECODE
+
+    def observe(self, phase: Phase, view: WorkView) -> None:
+        """Account for the step that was actually scheduled."""
+        if phase is Phase.PREFILL:
+            self.debt = 0
+            self.burst = self.burst + 1 if view.decodes else 0
+        elif phase is Phase.DECODE:
+            self.burst = 0
+            self.debt += view.admissible

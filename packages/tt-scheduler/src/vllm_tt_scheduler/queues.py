@@ -1,0 +1,147 @@
+"""Cheap reads of vLLM's queues that the phase decision is made from.
+
+Deciding from queue state up front costs a few attribute reads per step; the obvious
+alternative (always try a prefill pass, fall back to decode) runs vLLM's whole
+scheduling loop twice on every saturated step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+_STREAMING = RequestStatus.WAITING_FOR_STREAMING_REQ
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """What a prefill pass would do now, walking the waiting queues in order."""
+
+    count: int
+    """Requests the pass would admit."""
+    tokens: int
+    """Prefill tokens of the step: running partial chunks plus those admissions."""
+    steps: int
+    """Prefill steps the partials and admissions need in all (chunks of the longest)."""
+    head: Request | None
+    """The first ready request: vLLM stops admitting at the first one that does not fit."""
+    full: bool
+    """The token budget is the limit: the next ready request does not fit this step,
+    so waiting longer could not make the step admit more."""
+    must_scan: bool
+    """A request needs vLLM's scan to change state (a failed grammar to report)."""
+
+
+@dataclass(frozen=True)
+class Partials:
+    """Running requests in the middle of a chunked prefill."""
+
+    count: int
+    tokens: int
+    """Tokens vLLM gives them in the next prefill pass."""
+    steps: int
+    """Prefill steps until the last of them is done."""
+
+
+_NO_PARTIALS = Partials(0, 0, 0)
+
+
+def free_slots(sched: Scheduler) -> int:
+    """Requests that may still be admitted into running."""
+    limit = min(sched.max_num_active_reqs, sched.max_num_running_reqs)
+    return limit - len(sched.running) - sched.num_waiting_for_streaming_input
+
+
+def running_partials(sched: Scheduler, chunk: int) -> Partials:
+    """Count the running partial prefills, and what they still need."""
+    count = tokens = steps = 0
+    for request in sched.running:
+        if request.is_prefill_chunk:
+            left = request.num_tokens - request.num_computed_tokens
+            count += 1
+            tokens += min(left, chunk)
+            steps = max(steps, cdiv(left, chunk))
+    return Partials(count, tokens, steps) if count else _NO_PARTIALS
+
+
+def plan_admissions(
+    sched: Scheduler, slots: int, budget: int, chunk: int, partials: Partials
+) -> AdmissionPlan:
+    """Plan admissions into the token budget left after the running partials.
+
+    vLLM fills a step's budget greedily and chunks the last prompt that does not fit;
+    for a phase scheduler that chunk costs a whole extra prefill step (decodes stalled
+    again), so the plan stops before it. A prompt longer than ``chunk`` (the step
+    budget, or the model's largest prefill trace) is split anyway: it may start in
+    the budget left over if that costs it no extra chunk, and while partials are in
+    flight only if it is done when they are (so admissions never stretch a chain of
+    prefill steps). The planned tokens become the pass's budget.
+
+    Ready mirrors vLLM's own skip rules: a grammar still compiling, a remote KV load in
+    flight, a streaming session waiting for input, or undelivered stale output after a
+    preemption keep a request out of this step without blocking those behind it.
+    """
+    tokens, steps = partials.tokens, partials.steps
+    if slots <= 0:
+        return AdmissionPlan(0, tokens, steps, None, False, False)
+    queues: Iterable[Iterable[Request]]
+    if sched.pause_state is PauseState.UNPAUSED:
+        queues = (sched.kv_holding_waiting, sched.waiting)
+    elif sched.pause_state is PauseState.PAUSED_NEW:
+        queues = (sched.kv_holding_waiting,)
+    else:
+        return AdmissionPlan(0, tokens, steps, None, False, False)
+    count = 0
+    head: Request | None = None
+    must_scan = False
+    for queue in queues:
+        for request in queue:
+            status = request.status
+            if status is _GRAMMAR:
+                grammar_state = _grammar_state(sched, request)
+                if grammar_state == "failed":
+                    must_scan = True
+                if grammar_state != "ready":
+                    continue
+            elif status is _REMOTE_KVS:
+                if request.request_id not in sched.finished_recving_kv_req_ids:
+                    continue
+            elif status is _STREAMING:
+                continue
+            if request.num_stale_output_tokens and not request.drop_stale_output:
+                continue
+            if head is None:
+                head = request
+            if count >= slots:
+                return AdmissionPlan(count, tokens, steps, head, False, must_scan)
+            need = request.num_tokens - request.num_computed_tokens
+            need_steps = cdiv(need, chunk)
+            first = min(need, chunk, budget - tokens)
+            if (
+                first <= 0
+                or cdiv(need - first, chunk) >= need_steps  # starting now costs a chunk
+                or (partials.steps and need_steps > partials.steps)
+            ):
+                return AdmissionPlan(count, tokens, steps, head, True, must_scan)
+            tokens += first
+            steps = max(steps, need_steps)
+            count += 1
+    return AdmissionPlan(count, tokens, steps, head, False, must_scan)
+
+
+def _grammar_state(sched: Scheduler, request: Request) -> str:
+    structured = request.structured_output_request
+    grammar = structured.grammar if structured is not None else None
+    if grammar is None:
+        return "compiling"
+    if isinstance(grammar, Exception):
+        # Reported once by vLLM's scan, then finished in update_from_output.
+        return "reported" if request.request_id in sched.grammar_compile_error_reqs else "failed"
+    return "ready"

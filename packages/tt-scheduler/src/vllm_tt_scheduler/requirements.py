@@ -1,0 +1,45 @@
+"""What the phase scheduler needs from vLLM's configuration, checked once at start.
+
+Each failure names the setting, the bad value and the fix, instead of letting a
+mixed or untraceable step surface later on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_tt_scheduler.options import SchedulerOptions
+
+
+def check_vllm_config(vllm_config: Any, options: SchedulerOptions, max_step_tokens: int) -> None:
+    """Raise ``ValueError`` when the config would let a step escape the three phases."""
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        raise ValueError(
+            "speculative decoding is not supported by the TT phase scheduler: a decode "
+            "step would carry draft tokens no decode trace accepts; remove "
+            "--speculative-config"
+        )
+    for name in ("kv_transfer_config", "ec_transfer_config"):
+        if getattr(vllm_config, name, None) is not None:
+            raise ValueError(
+                f"{name} is not supported by the TT phase scheduler (its connector "
+                f"state is built per scheduling pass); remove --{name.replace('_', '-')}"
+            )
+    cap = options.prefill_chunk_cap
+    if cap is None or cap >= max_step_tokens:
+        return
+    sched = vllm_config.scheduler_config
+    threshold = sched.long_prefill_token_threshold
+    if not sched.enable_chunked_prefill or not 0 < threshold <= cap:
+        raise ValueError(
+            f"the model's largest prefill trace is {cap} tokens, below the step budget "
+            f"({max_step_tokens}), so prefills must be chunked at <= {cap}: set "
+            f"enable_chunked_prefill=True and long_prefill_token_threshold in [1, {cap}] "
+            f"(got enable_chunked_prefill={sched.enable_chunked_prefill}, "
+            f"long_prefill_token_threshold={threshold})"
+        )
+    if sched.long_prefill_token_threshold_adaptive:
+        raise ValueError(
+            "long_prefill_token_threshold_adaptive=True can raise prefill chunks above the "
+            f"model's largest prefill trace ({cap} tokens); set it to False"
+        )

@@ -1,0 +1,77 @@
+"""Options read from ``--additional-config`` and the vLLM settings the scheduler needs."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_tt_scheduler import CONFIG_KEYS, DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, SchedulerOptions
+
+
+def test_defaults() -> None:
+    assert SchedulerOptions.from_additional_config(None) == SchedulerOptions(
+        DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
+    )
+    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens"}
+
+
+def test_values_are_read() -> None:
+    options = SchedulerOptions.from_additional_config(
+        {"tt": {"prefill_burst": 3, "prefill_hold": 0, "_prefill_trace_lens": [128, 1024, 512]}}
+    )
+    assert options == SchedulerOptions(3, 0.0, 1024)
+
+
+@pytest.mark.parametrize(
+    ("tt", "message"),
+    [
+        ({"prefill_burst": 0}, "tt.prefill_burst=0 is invalid"),
+        ({"prefill_burst": True}, "tt.prefill_burst=True"),
+        ({"prefill_burst": "2"}, "integer >= 1"),
+        ({"prefill_hold": -1}, "tt.prefill_hold=-1 is invalid"),
+        ({"prefill_hold": float("inf")}, "number >= 0"),
+        ({"_prefill_trace_lens": "128"}, "list of positive ints"),
+        ({"_prefill_trace_lens": [128, 0]}, "positive ints only"),
+    ],
+)
+def test_bad_values_name_the_key(tt: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        SchedulerOptions.from_additional_config({"tt": tt})
+
+
+def test_tt_section_must_be_a_mapping() -> None:
+    with pytest.raises(ValueError, match="must be a mapping"):
+        SchedulerOptions.from_additional_config({"tt": [1]})
+
+
+def _build(**config: object) -> object:
+    from vllm_tt_scheduler import TTScheduler
+    from vllm_tt_scheduler.sim import SimConfig, build_scheduler
+
+    return build_scheduler(TTScheduler, SimConfig(**config))  # type: ignore[arg-type]
+
+
+def test_trace_cap_below_budget_needs_vllm_chunk_threshold() -> None:
+    with pytest.raises(ValueError, match=r"long_prefill_token_threshold in \[1, 48\]"):
+        _build(tt={"_prefill_trace_lens": [48]})
+    _build(long_prefill_token_threshold=32, tt={"_prefill_trace_lens": [48]})
+    _build(tt={"_prefill_trace_lens": [64, 128]})  # no smaller than the step budget (64)
+
+
+def test_unsupported_vllm_features_are_refused() -> None:
+    from vllm.config import KVTransferConfig
+    from vllm_tt_scheduler.options import SchedulerOptions as Options
+    from vllm_tt_scheduler.requirements import check_vllm_config
+    from vllm_tt_scheduler.sim import SimConfig, build_vllm_config
+
+    vllm_config = build_vllm_config(SimConfig())
+    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
+    with pytest.raises(ValueError, match="kv_transfer_config is not supported"):
+        check_vllm_config(vllm_config, Options(), 64)
+
+
+def test_speculative_decoding_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from vllm_tt_scheduler.requirements import check_vllm_config
+
+    with pytest.raises(ValueError, match="speculative decoding is not supported"):
+        check_vllm_config(SimpleNamespace(speculative_config=object()), SchedulerOptions(), 64)
