@@ -32,7 +32,9 @@ def test_tombstone_vllm_cpu_kernels_need_compiled_ops():
 
 def test_portable_sampler_uses_plain_torch_paths():
     sampler = PortableSampler()
-    assert sampler.topk_topp_sampler.forward == sampler.topk_topp_sampler.forward_native
+    # The top-k/top-p step goes through the counter-stream hook, which defers to forward_native.
+    assert sampler.topk_topp_sampler.forward == sampler._top_k_top_p
+    assert sampler._native == sampler.topk_topp_sampler.forward_native
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0]])
     assert sampler.greedy_sample(logits).tolist() == [1, 2]
 

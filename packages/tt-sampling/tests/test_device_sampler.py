@@ -10,6 +10,7 @@ import pytest
 import torch
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm_tt_sampling.device import DeviceSample, sample_tokens
+from vllm_tt_sampling.device.penalties import penalise_rows
 from vllm_tt_sampling.device.rng import seeded_uniform, splitmix64
 from vllm_tt_sampling.params import TTSamplingParams
 
@@ -235,8 +236,11 @@ def test_penalties_match_vllm():
     )
     out = sample_tokens(logits, p, torch.zeros(3), padded(prompts, -1), padded(outputs, -1))
     assert torch.equal(out.tokens, expected.argmax(dim=-1))
+    # Bit-identical, not just close: seeded draws must not depend on the sampling path.
+    assert torch.equal(penalise_rows(logits, p, padded(prompts, -1), padded(outputs, -1)), expected)
+    # Logprobs stay raw (vLLM's default logprobs_mode): penalties do not change them.
     torch.testing.assert_close(
-        out.logprobs, expected.log_softmax(-1).gather(1, out.tokens[:, None]).squeeze(1)
+        out.logprobs, logits.log_softmax(-1).gather(1, out.tokens[:, None]).squeeze(1)
     )
 
 

@@ -38,9 +38,11 @@ def apply_penalties(
 ) -> None:
     """Penalise float32 ``wide [B, V + 1]`` in place; column V is scratch for padding.
 
-    Repetition divides positive logits and multiplies negative ones of every token seen in the
-    prompt or output; a repetition penalty of 0 counts as 1 (tt-metal does the same). Frequency
-    subtracts ``penalty * count`` and presence ``penalty`` for tokens seen in the output.
+    Repetition multiplies positive logits by ``1 / penalty`` and negative ones by ``penalty``
+    for every token seen in the prompt or output; a repetition penalty of 0 counts as 1
+    (tt-metal does the same). Frequency subtracts ``penalty * count`` and presence ``penalty``
+    for tokens seen in the output. The float operations are vLLM's, in vLLM's order, so the
+    result is bit-identical to vLLM's ``apply_all_penalties`` (the host path).
     """
     rows, vocab_size = wide.shape[0], wide.shape[1] - 1
     prompt = _history(prompt_tokens, rows, vocab_size)
@@ -49,10 +51,13 @@ def apply_penalties(
     # Duplicate indices write identical values: each is computed from the same pre-penalty logit.
     repetition = torch.where(repetition == 0, 1.0, repetition).unsqueeze(1)
     before = wide.gather(1, seen)
-    wide.scatter_(1, seen, torch.where(before > 0, before / repetition, before * repetition))
-    wide.scatter_add_(1, output, (-frequency).unsqueeze(1).expand(output.shape).contiguous())
-    after_frequency = wide.gather(1, output)
-    wide.scatter_(1, output, after_frequency - presence.unsqueeze(1))
+    wide.scatter_(1, seen, before * torch.where(before > 0, 1.0 / repetition, repetition))
+    counts = torch.zeros(wide.shape, dtype=torch.int64)
+    counts.scatter_add_(1, output, torch.ones_like(output))
+    seen_counts = counts.gather(1, output)
+    after_repetition = wide.gather(1, output)
+    penalised = after_repetition - frequency.unsqueeze(1) * seen_counts
+    wide.scatter_(1, output, penalised - presence.unsqueeze(1) * (seen_counts > 0))
 
 
 def penalise_rows(

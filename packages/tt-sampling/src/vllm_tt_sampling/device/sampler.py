@@ -2,8 +2,9 @@
 
 Order per row: penalties, then greedy argmax (temperature 0) or temperature, top-k (at most
 ``max_top_k`` candidates, as on device), top-p within those candidates, and one uniform draw by
-inverse CDF. Seeded rows take their uniform from (seed, position) alone (see ``rng``); unseeded
-rows from a torch generator, so they vary from call to call.
+inverse CDF (``draw.inverse_cdf_draw``, shared with the host sampler's counter stream). Seeded
+rows take their uniform from (seed, position) alone (see ``rng``); unseeded rows from a torch
+generator, so they vary from call to call.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_tt_sampling.device.draw import inverse_cdf_draw
 from vllm_tt_sampling.device.penalties import penalise_rows
 from vllm_tt_sampling.device.rng import seeded_uniform
 from vllm_tt_sampling.params import DEVICE_TOP_K, TTSamplingParams
@@ -27,9 +29,9 @@ class DeviceSample:
     """``[B]`` float32 log-probability of each sampled token, or None when no row asked; rows
     without ``enable_log_probs`` hold NaN.
 
-    It is the log-softmax of the *penalised* logits before temperature, top-k and top-p: the
-    model's distribution after penalties. With neutral penalties this equals vLLM's default
-    ``raw_logprobs``."""
+    It is the log-softmax of the model's logits before penalties, temperature, top-k and top-p:
+    vLLM's default ``raw_logprobs``, so a request's logprobs do not depend on whether its batch
+    sampled on the device or on the host."""
 
 
 def sample_tokens(
@@ -67,23 +69,24 @@ def sample_tokens(
     if stochastic:
         index = torch.tensor(stochastic, dtype=torch.int64)
         uniforms = _uniforms(params, positions, stochastic, generator)
-        tokens[index] = _draw(
-            scores[index],
-            temperature=torch.tensor([params.temperature[i] for i in stochastic]),
-            top_k=torch.tensor([params.top_k[i] for i in stochastic], dtype=torch.int64),
+        temperature = torch.tensor([params.temperature[i] for i in stochastic], dtype=torch.float32)
+        top_k = torch.tensor([params.top_k[i] for i in stochastic], dtype=torch.int64)
+        cap = min(max_top_k, vocab_size)
+        tokens[index] = inverse_cdf_draw(
+            scores[index] / temperature.unsqueeze(1),
+            top_k=torch.where(top_k < 1, cap, top_k).clamp(max=cap),
             top_p=torch.tensor([params.top_p[i] for i in stochastic], dtype=torch.float32),
             uniforms=uniforms,
-            max_top_k=min(max_top_k, vocab_size),
         )
 
     logprobs = None
     if any(params.enable_log_probs):
-        # Only rows that asked pay for the log-softmax; the others hold NaN.
+        # Only rows that asked pay for the log-softmax; the others hold NaN. Raw logits, as
+        # vLLM's default logprobs_mode, so a request's logprobs do not depend on the path.
         asked = torch.tensor(params.enable_log_probs, dtype=torch.bool)
         logprobs = torch.full((rows,), float("nan"), dtype=torch.float32)
-        chosen = scores[asked]
-        picked = chosen.gather(1, tokens[asked].unsqueeze(1)).squeeze(1)
-        logprobs[asked] = picked - torch.logsumexp(chosen, dim=-1)
+        chosen = logits.detach()[asked].to(torch.float32).log_softmax(dim=-1)
+        logprobs[asked] = chosen.gather(1, tokens[asked].unsqueeze(1)).squeeze(1)
     return DeviceSample(tokens=tokens, logprobs=logprobs)
 
 
@@ -100,31 +103,3 @@ def _uniforms(
         seed = params.seed[i]
         values.append(next(fresh) if seed is None else seeded_uniform(seed, int(positions[i])))
     return torch.tensor(values, dtype=torch.float64)
-
-
-def _draw(
-    scores: torch.Tensor,
-    *,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    uniforms: torch.Tensor,
-    max_top_k: int,
-) -> torch.Tensor:
-    """Inverse-CDF draw over each row's top-k candidates (sorted by score, descending)."""
-    k = torch.where(top_k < 1, max_top_k, top_k).clamp(max=max_top_k)
-    values, candidates = scores.topk(int(k.max()), dim=-1)
-    columns = torch.arange(values.shape[1])
-    scaled = (values / temperature.unsqueeze(1)).masked_fill(columns >= k.unsqueeze(1), float("-inf"))
-    probs = scaled.softmax(dim=-1, dtype=torch.float64)
-    # Top-p keeps the smallest prefix whose mass reaches p, and always the best candidate.
-    mass_before = probs.cumsum(dim=-1) - probs
-    keep = mass_before < top_p.clamp(0.0, 1.0).unsqueeze(1).to(torch.float64)
-    keep[:, 0] = True
-    probs = probs * keep
-    cdf = probs.cumsum(dim=-1)
-    target = (uniforms * cdf[:, -1]).unsqueeze(1)
-    choice = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    last_kept = (probs > 0).sum(dim=-1) - 1
-    choice = torch.minimum(choice, last_kept)
-    return candidates.gather(1, choice.unsqueeze(1)).squeeze(1)

@@ -7,6 +7,7 @@ processor state), and samples any subset of slots in one call.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,12 +18,25 @@ from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 from vllm.v1.sample.logits_processor import LogitsProcessor, build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 
+from vllm_tt_sampling.device.rng import seeded_uniform
 from vllm_tt_sampling.host.compat import PortableSampler
 from vllm_tt_sampling.host.grammar import apply_grammar_bitmask
 from vllm_tt_sampling.host.logprobs import prompt_logprobs
 from vllm_tt_sampling.host.metadata import build_metadata
 from vllm_tt_sampling.host.processors import SlotLogitsProcessors
 from vllm_tt_sampling.host.requests import SlotRequest
+
+
+class SeedStream(enum.Enum):
+    """Where a seeded request's random draws come from on the host path."""
+
+    GENERATOR = "generator"
+    """vLLM's per-request ``torch.Generator``, advanced once per sampled token: vLLM's own
+    semantics, but unrelated to the device's draws."""
+    COUNTER = "counter"
+    """The device's counter stream: the uniform for a token is ``seeded_uniform(seed,
+    position)`` and the draw is ``device.draw.inverse_cdf_draw``, so a seeded request gets the
+    same tokens whether its batch sampled on the device or fell back to the host."""
 
 
 class HostSamplingBatch:
@@ -32,9 +46,12 @@ class HostSamplingBatch:
         vocab_size: int,
         vllm_config: VllmConfig,
         logits_processors: Sequence[str | type[LogitsProcessor]] | None = None,
+        *,
+        seed_stream: SeedStream = SeedStream.GENERATOR,
     ) -> None:
         """``logits_processors``: custom processor classes or ``module:Class`` names; None takes
-        ``model_config.logits_processors``, as vLLM's GPU runner does."""
+        ``model_config.logits_processors``, as vLLM's GPU runner does. ``seed_stream``: see
+        ``SeedStream``; a runner that also samples on the device wants ``COUNTER``."""
         if num_slots < 1 or vocab_size < 1:
             raise ValueError(f"num_slots={num_slots} and vocab_size={vocab_size} must be >= 1.")
         max_num_seqs = vllm_config.scheduler_config.max_num_seqs
@@ -55,6 +72,7 @@ class HostSamplingBatch:
         )
         self.num_slots = num_slots
         self.vocab_size = vocab_size
+        self.seed_stream = seed_stream
         self._sampler = PortableSampler(
             model_config.logprobs_mode if model_config is not None else "raw_logprobs"
         )
@@ -81,6 +99,8 @@ class HostSamplingBatch:
             )
         if req_id in self._slot_of:
             raise ValueError(f"request {req_id!r} already sits in slot {self._slot_of[req_id]}.")
+        if self.seed_stream is SeedStream.COUNTER:
+            generator = None  # seeded draws are recomputed from (seed, position)
         request = SlotRequest.create(
             req_id, params, prompt_token_ids, output_token_ids, generator, self.vocab_size
         )
@@ -109,15 +129,21 @@ class HostSamplingBatch:
         grammar_req_slots: Sequence[int] = (),
         *,
         grammar_req_ids: Sequence[str] = (),
+        positions: Sequence[int] | None = None,
     ) -> SamplerOutput:
         """Sample row i of ``logits [n, V]`` for ``slots[i]``; the caller's tensor is untouched.
 
         ``grammar_bitmask`` is ``GrammarOutput.grammar_bitmask``; name the slot of each of its
         rows with ``grammar_req_slots`` or pass ``GrammarOutput.structured_output_request_ids``
         as ``grammar_req_ids``. Bitmask rows of requests not in ``slots`` are ignored.
+
+        ``positions``: absolute position of each row's last input token, the counter of seeded
+        draws (pass what the device would get); by default prompt + output length - 1.
         """
         slots = list(slots)
         requests = self._check_call(logits, slots)
+        if positions is not None and len(positions) != len(slots):
+            raise ValueError(f"positions has {len(positions)} entries for {len(slots)} slots.")
         if not slots:
             return SamplerOutput(
                 sampled_token_ids=torch.empty((0, 1), dtype=torch.int32), logprobs_tensors=None
@@ -131,7 +157,26 @@ class HostSamplingBatch:
         key = (tuple(slots), self._version)
         if self._cached is None or self._cached[0] != key:
             self._cached = (key, build_metadata(requests, self.vocab_size, logitsprocs))
-        return self._sampler(logits, self._cached[1])
+        uniforms = self._counter_uniforms(requests, positions)
+        return self._sampler.sample_counter(logits, self._cached[1], uniforms)
+
+    def _counter_uniforms(
+        self, requests: list[SlotRequest], positions: Sequence[int] | None
+    ) -> dict[int, float]:
+        """Row -> uniform of each seeded stochastic row, under the counter stream."""
+        if self.seed_stream is not SeedStream.COUNTER:
+            return {}
+        uniforms = {}
+        for row, request in enumerate(requests):
+            seed = request.params.seed
+            if seed is None or request.greedy:
+                continue
+            if positions is None:
+                position = len(request.prompt_token_ids) + len(request.output_token_ids) - 1
+            else:
+                position = int(positions[row])
+            uniforms[row] = seeded_uniform(seed, position)
+        return uniforms
 
     def prompt_logprobs(
         self, logits: torch.Tensor, target_token_ids: torch.Tensor, num_logprobs: int
