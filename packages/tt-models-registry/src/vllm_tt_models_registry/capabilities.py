@@ -35,6 +35,10 @@ class ModelCapabilities:
     """Presence/frequency/repetition penalties are applied by the device sampler."""
     max_device_logprobs: int = 0
     """How many top logprobs the device returns besides the sampled token's own."""
+    supports_prompt_logprobs: bool = False
+    """``prefill_forward(return_all_logits=True)`` returns logits for every computed position
+    (``[B, T, V]``, right-aligned), so the runner can serve ``prompt_logprobs``; without it
+    such requests are rejected up front instead of silently getting none."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
 
