@@ -1,0 +1,282 @@
+"""``TTLaneCoordinator``: data-parallel lanes scheduled inside one engine process.
+
+Some models run as one program over a whole Galaxy mesh, submitted once per step, while
+holding several independent KV caches (one per sub-mesh, a "lane"). vLLM's multi-process data
+parallelism cannot split one submission, and would pay a scatter/gather between processes every
+step. So the platform folds ``--data-parallel-size N`` into N lanes of one engine, and this
+scheduler runs one phase scheduler per lane (own queues, own KV pool, lane-local block ids),
+picks one phase per step for all of them, and merges their outputs into the step the runner
+executes.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
+from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_tt_scheduler import envs
+from vllm_tt_scheduler.carry import carry_over
+from vllm_tt_scheduler.lane_config import LaneShape
+from vllm_tt_scheduler.lane_member import LaneMember, TTAsyncLaneScheduler, TTLaneScheduler
+from vllm_tt_scheduler.lane_results import lane_stats, merge_engine_outputs, merge_stats
+from vllm_tt_scheduler.lane_trace import open_lane_trace
+from vllm_tt_scheduler.merge import BlockNumbering, merge_grammar, merge_outputs
+from vllm_tt_scheduler.phase import Phase
+from vllm_tt_scheduler.policy import PhasePolicy, WorkView
+
+logger = init_logger("vllm." + __name__)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A merged step in flight, with the lane outputs it was made of (index = lane)."""
+
+    merged: SchedulerOutput
+    lanes: tuple[SchedulerOutput, ...]
+
+
+def combine_views(views: Iterable[WorkView]) -> WorkView:
+    """The whole engine's work: a prefill step stalls every lane's decodes, and runs every
+    lane's admissions and chunks."""
+    views = list(views)
+    return WorkView(
+        decodes=sum(v.decodes for v in views),
+        partials=sum(v.partials for v in views),
+        admissible=sum(v.admissible for v in views),
+        full=any(v.full for v in views),
+        must_scan=any(v.must_scan for v in views),
+        steps=max((v.steps for v in views), default=1),
+    )
+
+
+def _outcome(plan: Phase, tokens: int) -> Phase:
+    """The phase a pass of ``plan`` amounts to (an EMPTY plan runs a prefill pass)."""
+    if not tokens:
+        return Phase.EMPTY
+    return Phase.PREFILL if plan is Phase.EMPTY else plan
+
+
+class TTLaneCoordinator(SchedulerInterface):
+    """One phase scheduler per lane; every step is prefill-only, decode-only or empty for all.
+
+    A new request goes to the lane with the fewest unfinished requests (lowest index on a tie)
+    and stays there, preempted or not. The step's phase comes from the same policy as the single
+    scheduler's, over all lanes' work; lanes with nothing in that phase contribute an empty slice
+    (their pass still hands over finished ids). If a prefill pass admitted nothing anywhere while
+    decodes run, every lane redoes the step as decode, carrying what the discarded pass drained.
+    """
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: MultiModalRegistry = MULTIMODAL_REGISTRY,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.shape = LaneShape.from_vllm_config(vllm_config)
+        self.log_stats = log_stats
+        lane_cls = TTAsyncLaneScheduler if vllm_config.scheduler_config.async_scheduling else TTLaneScheduler
+        lane_config = self.shape.lane_vllm_config(vllm_config)
+        self.lanes: tuple[LaneMember, ...] = tuple(
+            lane_cls(
+                vllm_config=lane_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=structured_output_manager,
+                block_size=block_size,
+                hash_block_size=hash_block_size,
+                mm_registry=mm_registry,
+                include_finished_set=include_finished_set,
+                log_stats=log_stats,
+            )
+            for _ in range(self.shape.lanes)
+        )
+        self.numbering = BlockNumbering(kv_cache_config.num_blocks)
+        options = self.lanes[0].tt_options
+        self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
+        self.last_phase = Phase.EMPTY
+        # Read directly by vLLM's engine core; connectors are refused (requirements.py).
+        self.connector = None
+        self.ec_connector = None
+        self._in_flight: dict[int, _Step] = {}
+        self._step_index = 0
+        self._trace = open_lane_trace(envs.step_trace_path())
+        logger.info(
+            "TT lane coordinator: %d lanes x %d rows (%s lanes), %d KV blocks per lane, block ids "
+            "numbered lane * %d + lane-local id, step trace=%s",
+            self.shape.lanes, self.shape.rows_per_lane, lane_cls.__name__, self.numbering.blocks_per_lane,
+            self.numbering.blocks_per_lane, envs.step_trace_path() or "off",
+        )
+
+    # -- one engine step ------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        views = [lane.lane_view() for lane in self.lanes]
+        view = combine_views(views)
+        plan = self.phase_policy.plan(view)
+        outputs = [lane.lane_pass(plan, throttle_prefills) for lane in self.lanes]
+        retried = False
+        if not any(out.total_num_scheduled_tokens for out in outputs):
+            fallback = next(filter(None, (lane.lane_fallback(plan) for lane in self.lanes)), None)
+            if fallback is not None:
+                if plan is Phase.PREFILL:
+                    for lane, lane_view in zip(self.lanes, views, strict=True):
+                        if lane_view.admissible and not (lane_view.partials or lane_view.must_scan):
+                            lane.lane_admission_blocked()
+                outputs = [
+                    carry_over(out, lane.lane_pass(fallback, throttle_prefills, retry=True))
+                    for lane, out in zip(self.lanes, outputs, strict=True)
+                ]
+                plan, retried = fallback, True
+        merged = merge_outputs(outputs, self.numbering)
+        for lane, out in zip(self.lanes, outputs, strict=True):
+            lane.lane_end_step(_outcome(plan, out.total_num_scheduled_tokens))
+        phase = _outcome(plan, merged.total_num_scheduled_tokens)
+        self.phase_policy.observe(phase, view)
+        self.last_phase = phase
+        self._in_flight[id(merged)] = _Step(merged, tuple(outputs))
+        self._trace.record(self._step_index, phase, merged, list(zip(outputs, self.lanes, strict=True)), retried)
+        self._step_index += 1
+        return merged
+
+    def _lane_outputs(self, merged: SchedulerOutput) -> tuple[SchedulerOutput, ...]:
+        step = self._in_flight.get(id(merged))
+        if step is None or step.merged is not merged:
+            raise RuntimeError(
+                "TTLaneCoordinator got a SchedulerOutput it did not schedule, or one already "
+                "updated; pass the output of schedule() back exactly once"
+            )
+        return step.lanes
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        masks = []
+        for lane, out in zip(self.lanes, self._lane_outputs(scheduler_output), strict=True):
+            mask = lane.get_grammar_bitmask(out)
+            # vLLM hands out a view of a buffer the next lane's call overwrites.
+            masks.append(None if mask is None else replace(mask, grammar_bitmask=mask.grammar_bitmask.copy()))
+        return merge_grammar(masks)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        """Each lane takes its own rows' results (looked up by request id) from the step's."""
+        lane_outputs = self._lane_outputs(scheduler_output)
+        del self._in_flight[id(scheduler_output)]
+        results = [
+            lane.update_from_output(out, model_runner_output) for lane, out in zip(self.lanes, lane_outputs, strict=True)
+        ]
+        stats = merge_stats([lane_stats(result) for result in results]) if self.log_stats else None
+        return merge_engine_outputs(results, stats)
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        for lane in self.lanes:  # each lane skips ids it does not hold
+            lane.update_draft_token_ids(draft_token_ids)
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput
+    ) -> None:
+        invalid: dict[str, int] = {}
+        for lane, out in zip(self.lanes, self._lane_outputs(scheduler_output), strict=True):
+            lane.update_draft_token_ids_in_output(draft_token_ids, out)
+            scheduler_output.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
+            invalid.update(out.num_invalid_spec_tokens or {})
+        scheduler_output.num_invalid_spec_tokens = invalid
+
+    # -- requests ---------------------------------------------------------------------------
+    def lane_of(self, request_id: str) -> int | None:
+        """The lane holding the request, if any."""
+        for index, lane in enumerate(self.lanes):
+            if lane.has_request(request_id):
+                return index
+        return None
+
+    def add_request(self, request: Request) -> None:
+        index = self.lane_of(request.request_id)  # a streaming session's next input
+        if index is None:
+            loads = [sum(lane.get_request_counts()) for lane in self.lanes]
+            index = loads.index(min(loads))
+        self.lanes[index].add_request(request)
+
+    def has_request(self, request_id: str) -> bool:
+        return self.lane_of(request_id) is not None
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        ids: Iterable[str] | None = (
+            (request_ids,) if isinstance(request_ids, str) else None if request_ids is None else set(request_ids)
+        )
+        return [request for lane in self.lanes for request in lane.finish_requests(ids, finished_status)]
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(lane.get_num_unfinished_requests() for lane in self.lanes)
+
+    def has_finished_requests(self) -> bool:
+        return any(lane.has_finished_requests() for lane in self.lanes)
+
+    def has_requests(self) -> bool:
+        return any(lane.has_requests() for lane in self.lanes)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        counts = [lane.get_request_counts() for lane in self.lanes]
+        return sum(running for running, _ in counts), sum(waiting for _, waiting in counts)
+
+    # -- read-only views over the lanes (tools and tests; vLLM's engine never reads them) -----
+    @property
+    def requests(self) -> Mapping[str, Request]:
+        return MappingProxyType(ChainMap(*(lane.requests for lane in self.lanes)))
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(request for lane in self.lanes for request in lane.running)
+
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        return tuple(request for lane in self.lanes for request in lane.waiting)
+
+    # -- engine-wide state --------------------------------------------------------------------
+    @property
+    def pause_state(self) -> PauseState:
+        return self.lanes[0].pause_state
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        for lane in self.lanes:
+            lane.set_pause_state(pause_state)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        results = [lane.reset_prefix_cache(reset_running_requests, reset_connector) for lane in self.lanes]
+        return all(results)
+
+    def reset_encoder_cache(self) -> None:
+        for lane in self.lanes:
+            lane.reset_encoder_cache()
+
+    def get_kv_cache_usage(self) -> float:
+        return sum(lane.get_kv_cache_usage() for lane in self.lanes) / len(self.lanes)
+
+    def make_stats(self) -> SchedulerStats | None:
+        if not self.log_stats:
+            return None
+        return merge_stats([lane.make_stats() for lane in self.lanes])
+
+    def shutdown(self) -> None:
+        for lane in self.lanes:
+            lane.shutdown()
+        self._trace.close()

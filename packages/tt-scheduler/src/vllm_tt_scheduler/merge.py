@@ -1,0 +1,182 @@
+"""Merge the lanes' scheduler outputs into the one step the runner executes.
+
+Each lane numbers the blocks of its own KV pool from 0. The runner holds one KV cache per lane
+and tells them apart by block id: global id = lane * blocks_per_lane + lane-local id (it finds a
+new request's lane from its first block, and its pages with ``% blocks_per_lane``). Every field
+that carries block ids is renumbered here; the lane outputs themselves are left untouched,
+because each lane's ``update_from_output`` reads its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.core.sched.output import (
+    CachedRequestData,
+    GrammarOutput,
+    NewRequestData,
+    ScheduledEncoderInputStats,
+    SchedulerOutput,
+)
+
+
+@dataclass(frozen=True)
+class BlockNumbering:
+    """Lane-local block ids to the runner's global ones."""
+
+    blocks_per_lane: int
+
+    def groups(self, lane: int, block_ids: tuple[list[int], ...]) -> tuple[list[int], ...]:
+        if lane == 0:
+            return block_ids
+        offset = lane * self.blocks_per_lane
+        return tuple([block + offset for block in group] for group in block_ids)
+
+    def ids(self, lane: int, block_ids: list[int]) -> list[int]:
+        offset = lane * self.blocks_per_lane
+        return [block + offset for block in block_ids]
+
+    def lane_of(self, block_id: int) -> int:
+        return block_id // self.blocks_per_lane
+
+
+#: SchedulerOutput fields ``merge_outputs`` knows how to merge, across the supported vLLM
+#: releases. A release adding a field fails ``test_lanes_merge`` until the field gets a rule here.
+MERGED_FIELDS = frozenset({
+    "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
+    "total_num_scheduled_tokens", "scheduled_spec_decode_tokens", "scheduled_encoder_inputs",
+    "finished_req_ids", "free_encoder_mm_hashes", "encoder_input_updates",
+    "scheduled_encoder_input_stats", "preempted_req_ids", "has_structured_output_requests",
+    "pending_structured_output_tokens", "num_invalid_spec_tokens", "kv_connector_metadata",
+    "has_sync_kv_loads", "aux_output_connector_metadata", "ec_connector_metadata",
+    "ec_manager_metadata", "new_block_ids_to_zero", "kv_cache_block_copies", "block_table_updates",
+    "kv_connector_block_state", "num_spec_tokens_to_schedule", "num_common_prefix_blocks",
+    "skip_drafts",
+})
+
+# Connector state is per scheduler and cannot be merged; connectors are refused at start
+# (``requirements.check_vllm_config``), so a lane producing any is a bug.
+_UNMERGEABLE = ("kv_connector_metadata", "aux_output_connector_metadata", "ec_connector_metadata",
+                "ec_manager_metadata", "kv_connector_block_state", "block_table_updates")
+
+
+def known_fields(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` restricted to the fields ``cls`` has in the installed vLLM release."""
+    names = {f.name for f in fields(cls)}
+    return {name: value for name, value in values.items() if name in names}
+
+
+def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering) -> SchedulerOutput:
+    """One ``SchedulerOutput`` for the lanes' outputs (index = lane), rows in lane order."""
+    new_reqs: list[NewRequestData] = []
+    num_scheduled: dict[str, int] = {}
+    spec_tokens: dict[str, list[int]] = {}
+    encoder_inputs: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    free_hashes: list[str] = []
+    encoder_updates: dict[str, Any] = {}
+    preempted: set[str] | None = None
+    invalid_spec: dict[str, int] | None = None
+    to_zero: list[int] = []
+    copies: list[KVCacheBlockCopy] = []
+    encoder_stats: ScheduledEncoderInputStats | None = None
+    for lane, out in enumerate(outputs):
+        for name in _UNMERGEABLE:
+            if getattr(out, name, None) is not None:
+                raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
+        new_reqs.extend(
+            new if lane == 0 else replace(new, block_ids=numbering.groups(lane, new.block_ids))
+            for new in out.scheduled_new_reqs
+        )
+        num_scheduled.update(out.num_scheduled_tokens)
+        spec_tokens.update(out.scheduled_spec_decode_tokens)
+        encoder_inputs.update(out.scheduled_encoder_inputs)
+        finished |= out.finished_req_ids
+        free_hashes.extend(out.free_encoder_mm_hashes)
+        encoder_updates.update(getattr(out, "encoder_input_updates", None) or {})
+        if out.preempted_req_ids is not None:
+            preempted = (preempted or set()) | out.preempted_req_ids
+        if out.num_invalid_spec_tokens is not None:
+            invalid_spec = {**(invalid_spec or {}), **out.num_invalid_spec_tokens}
+        if out.new_block_ids_to_zero:
+            to_zero.extend(numbering.ids(lane, out.new_block_ids_to_zero))
+        offset = lane * numbering.blocks_per_lane
+        copies.extend(
+            KVCacheBlockCopy(copy.src_block_id + offset, copy.dst_block_id + offset)
+            for copy in out.kv_cache_block_copies or ()
+        )
+        if out.scheduled_encoder_input_stats is not None:
+            stats = out.scheduled_encoder_input_stats
+            encoder_stats = encoder_stats or ScheduledEncoderInputStats()
+            encoder_stats.num_inputs += stats.num_inputs
+            encoder_stats.output_tokens += stats.output_tokens
+    values = {
+        "scheduled_new_reqs": new_reqs,
+        "scheduled_cached_reqs": _merge_cached([out.scheduled_cached_reqs for out in outputs], numbering),
+        "num_scheduled_tokens": num_scheduled,
+        "total_num_scheduled_tokens": sum(out.total_num_scheduled_tokens for out in outputs),
+        "scheduled_spec_decode_tokens": spec_tokens,
+        "scheduled_encoder_inputs": encoder_inputs,
+        "finished_req_ids": finished,
+        "free_encoder_mm_hashes": free_hashes,
+        "encoder_input_updates": encoder_updates,
+        "scheduled_encoder_input_stats": encoder_stats,
+        "preempted_req_ids": preempted,
+        "has_structured_output_requests": any(out.has_structured_output_requests for out in outputs),
+        "pending_structured_output_tokens": any(out.pending_structured_output_tokens for out in outputs),
+        "num_invalid_spec_tokens": invalid_spec,
+        "has_sync_kv_loads": any(getattr(out, "has_sync_kv_loads", False) for out in outputs),
+        "new_block_ids_to_zero": to_zero or None,
+        "kv_cache_block_copies": copies or None,
+        "num_spec_tokens_to_schedule": max((out.num_spec_tokens_to_schedule for out in outputs), default=0),
+        # Blocks shared by every row (cascade attention): none across separate KV pools.
+        "num_common_prefix_blocks": [0] * len(outputs[0].num_common_prefix_blocks) if outputs else [],
+        "skip_drafts": all(getattr(out, "skip_drafts", False) for out in outputs),
+    }
+    return SchedulerOutput(**known_fields(SchedulerOutput, values))
+
+
+def _merge_cached(lanes: Sequence[CachedRequestData], numbering: BlockNumbering) -> CachedRequestData:
+    merged = CachedRequestData.make_empty()
+    for lane, cached in enumerate(lanes):
+        merged.req_ids.extend(cached.req_ids)
+        merged.resumed_req_ids |= cached.resumed_req_ids
+        merged.new_token_ids.extend(cached.new_token_ids)
+        merged.all_token_ids.update(cached.all_token_ids)
+        merged.new_block_ids.extend(
+            None if ids is None else numbering.groups(lane, ids) for ids in cached.new_block_ids
+        )
+        merged.num_computed_tokens.extend(cached.num_computed_tokens)
+        merged.num_output_tokens.extend(cached.num_output_tokens)
+    return merged
+
+
+def merge_grammar(outputs: Sequence[GrammarOutput | None]) -> GrammarOutput | None:
+    """One bitmask for the lanes' structured-output rows, lanes in order.
+
+    Each lane's bitmask must already be a copy: vLLM returns a view of a buffer shared by
+    every scheduler using the same structured-output manager.
+    """
+    present = [out for out in outputs if out is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    drafts: list[int] | None = []
+    for out in present:
+        acceptable = getattr(out, "num_acceptable_drafts", None)
+        if acceptable is None or drafts is None:
+            drafts = None
+        else:
+            drafts.extend(acceptable)
+    return GrammarOutput(
+        structured_output_request_ids=[
+            req_id for out in present for req_id in out.structured_output_request_ids
+        ],
+        grammar_bitmask=np.concatenate([out.grammar_bitmask for out in present]),
+        num_acceptable_drafts=drafts,
+    )
