@@ -12,8 +12,9 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm_tt_sampling.decision import (
+    NO_DEVICE_LOGPROBS,
     DeviceSamplingCaps,
     DeviceSamplingMode,
     RowSampling,
@@ -21,13 +22,15 @@ from vllm_tt_sampling.decision import (
     SamplingPath,
     choose_sampling_path,
 )
-from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
 from vllm_tt_sampling.stats import SamplingStats
 from vllm_tt_sampling.wire import to_device_params
 from vllm_tt_scheduler.phase import Phase
 
-from vllm_tt_platform import model_output
+from vllm_tt_platform import model_output, sampling_output
 from vllm_tt_platform.batch import PersistentBatch
+from vllm_tt_platform.sampling_inputs import device_sampling_kwargs
+from vllm_tt_platform.sampling_trace import open_sampling_trace
 from vllm_tt_platform.setup import TTSetup
 from vllm_tt_platform.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
 
@@ -63,12 +66,17 @@ class TTModelRunner:
         self.sampling_caps = DeviceSamplingCaps(
             max_top_k=caps.max_device_top_k,
             penalties=caps.supports_device_penalties,
-            max_logprobs=caps.max_device_logprobs,
+            # The device returns raw logprobs only; other logprobs modes are served by the host.
+            max_logprobs=caps.max_device_logprobs
+            if self.model_config.logprobs_mode == "raw_logprobs" else NO_DEVICE_LOGPROBS,
         )
         self.sampling_mode = (
             DeviceSamplingMode(config.sample_on_device_mode) if config.sample_on_device_mode else None
         )
         self.sampling_stats = SamplingStats()
+        self.sampling_trace = open_sampling_trace()
+        self._sampling_step = 0
+        self._sampling_summarised = False
         self.custom_logits_processors = bool(self.model_config.logits_processors)
         self.model: Any = None
         self.kv_cache: Any = None
@@ -88,7 +96,10 @@ class TTModelRunner:
             optimizations=self.setup.config.optimizations,
         )
         self.vocab_size = self.model_config.get_vocab_size()
-        self.host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config)
+        # Counter stream: a seeded request draws the same tokens on either sampling path.
+        self.host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config,
+                                              seed_stream=SeedStream.COUNTER)
+        self.prompt_logprobs = sampling_output.PromptLogprobs(self.vocab_size, self.model_config.logprobs_mode)
 
     @property
     def num_layers(self) -> int:
@@ -170,6 +181,10 @@ class TTModelRunner:
         for state in (*added, *resumed):
             sampler.add_request(state.slot, state.req_id, state.sampling_params,
                                 state.prompt_token_ids, state.output_token_ids, state.generator)
+        for req_id in out.finished_req_ids:
+            self.prompt_logprobs.drop(req_id)
+        for state in added:
+            self.prompt_logprobs.add(state.req_id, state.sampling_params, state.prompt_token_ids)
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
@@ -198,11 +213,16 @@ class TTModelRunner:
             )
             for r in plan.rows
         ]
+        phase = plan.phase.name.lower()
         decision = choose_sampling_path(
-            rows, mode=self.sampling_mode, phase=plan.phase.name.lower(), caps=self.sampling_caps,
+            rows, mode=self.sampling_mode, phase=phase, caps=self.sampling_caps,
             always_compat=self.setup.config.always_compat_sampling,
         )
         self.sampling_stats.record(decision)
+        self._sampling_step += 1
+        self.sampling_trace.record(self._sampling_step, phase, decision, [r.state.req_id for r in plan.rows])
+        logger.debug("sampling step %d (%s, %d rows): %s (%s)", self._sampling_step, phase, len(plan.rows),
+                     decision.path.value, decision.reason)
         return decision
 
     def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
@@ -210,12 +230,17 @@ class TTModelRunner:
         on_device = decision.path is SamplingPath.DEVICE
         kwargs: dict[str, Any] = {}
         if on_device:
-            kwargs["sampling_params"] = to_device_params([r.state.sampling_params for r in plan.rows], self.vocab_size)
+            kwargs = device_sampling_kwargs([r.state for r in plan.rows], self.vocab_size)
+        all_logits = not on_device and self.prompt_logprobs.wanted(plan.rows)
+        if all_logits:
+            kwargs["return_all_logits"] = True
         raw = self.model.prefill_forward(
             tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
             prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
             enable_trace=self.prefill_trace, **kwargs,
         )
+        if all_logits:
+            self.prompt_logprobs.collect(plan.rows, raw[0] if isinstance(raw, tuple) else raw)
         return model_output.parse(raw, sampled_on_device=on_device,
                                   owner=f"{type(self.model).__qualname__}.prefill_forward")
 
@@ -258,32 +283,24 @@ class TTModelRunner:
         plan, output = pending.plan, pending.output
         producing = [r for r in plan.rows if r.produces_token]
         waiting = [r for r in plan.rows if not r.produces_token]
-        logprobs: LogprobsLists | None = None
-        if not producing:
-            tokens: list[int] = []
-        elif output.tokens is not None:
+        sampled = sampling_output.SampledRows([], None)
+        if producing:
             index = self._output_rows(plan, producing)
-            tokens = output.tokens[index].tolist()
-        else:
-            index = self._output_rows(plan, producing)
-            logits = output.logits[index]
-            slots = [r.state.slot for r in producing]
-            grammar: dict[str, Any] = {}
-            if grammar_output is not None:
-                grammar = {"grammar_bitmask": grammar_output.grammar_bitmask,
-                           "grammar_req_ids": grammar_output.structured_output_request_ids}
-            sampled = self.host_sampler.sample(logits, slots, **grammar)
-            tokens = sampled.sampled_token_ids[:, 0].tolist()
-            if sampled.logprobs_tensors is not None:
-                logprobs = sampled.logprobs_tensors.tolists()
+            if output.tokens is not None:
+                sampled = sampling_output.from_device(output, index, producing)
+            else:
+                sampled = sampling_output.from_host(self.host_sampler, output.logits[index], producing,
+                                                    grammar_output)
+        tokens = sampled.tokens
         for r, token in zip(producing, tokens, strict=True):
             r.state.output_token_ids.append(token)
-        ordered = producing + waiting
+        ordered = producing + waiting  # logprobs rows are the producing rows, in this order
         return ModelRunnerOutput(
             req_ids=[r.state.req_id for r in ordered],
             req_id_to_index={r.state.req_id: i for i, r in enumerate(ordered)},
             sampled_token_ids=[[t] for t in tokens] + [[] for _ in waiting],
-            logprobs=logprobs,
+            logprobs=sampled.logprobs,
+            prompt_logprobs_dict=dict(self.prompt_logprobs.take_done()),
         )
 
     def _output_rows(self, plan: StepPlan, producing: list[ScheduledRow]) -> torch.Tensor:
@@ -292,6 +309,14 @@ class TTModelRunner:
             return torch.tensor([r.state.slot for r in producing], dtype=torch.long)
         position = {id(r): i for i, r in enumerate(plan.rows)}
         return torch.tensor([position[id(r)] for r in producing], dtype=torch.long)
+
+    def close(self) -> None:
+        """Say once how the run sampled (a silent host fallback costs a logits read-back per
+        step), and close the sampling trace."""
+        if self.sampling_stats.total and not self._sampling_summarised:
+            logger.info("TT sampling decisions (batches): %s", self.sampling_stats.summary())
+            self._sampling_summarised = True
+        self.sampling_trace.close()
 
     def describe(self) -> dict[str, Any]:
         return {"kv_blocks_per_lane": getattr(self, "num_blocks", None),

@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
 
+from vllm_tt_platform import request_rules
 from vllm_tt_platform.config import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.topology import Topology, mesh_request
@@ -134,6 +135,7 @@ def configure(vllm_config: VllmConfig) -> None:
         setup.config, caps, setup.model.arch,
         async_requested=bool(scheduler.async_scheduling) and _cli_defaults_applied,
     )
+    request_rules.install(request_rules.RequestRules.of(setup.model.arch, caps))
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False
@@ -166,3 +168,4 @@ def validate_request(params: Any) -> None:
             "request", type(params).__name__, "a generation request (SamplingParams)",
             "TT serves text generation only; pooling requests are not supported",
         )
+    request_rules.check_request(params)

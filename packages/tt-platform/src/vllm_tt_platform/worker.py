@@ -102,6 +102,8 @@ class TTWorker(WorkerBase):
         self.vllm_config.model_config.max_model_len = max_model_len
 
     def shutdown(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
         if self.mesh_device is not None:
             self.backend.close(self.mesh_device)
             self.mesh_device = None

@@ -39,10 +39,12 @@ class HostDecoder:
         bucket: int,
         page_row: torch.Tensor,
         lane_kv: LaneKV,
+        all_positions: bool = False,
     ) -> torch.Tensor:
         """Run one row's tokens ``new_tokens [n]`` at positions ``[start, start+n)``, padded to
         ``bucket`` positions, attending to ``[0, start+n)``; return the logits ``[V]`` after
-        the last real token. Only the ``n`` real positions write KV."""
+        the last real token, or ``[n, V]`` after each real token with ``all_positions`` (prompt
+        logprobs). Only the ``n`` real positions write KV."""
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
@@ -62,6 +64,8 @@ class HostDecoder:
             values = paged_kv.gather(v_cache, pages_used)
             out = self._attend(q.transpose(0, 1)[None], keys, values, mask[None, None])
             x = self._finish_layer(x, out[0].transpose(0, 1), layer)
+        if all_positions:
+            return self._logits(x[:n])
         return self._logits(x[n - 1 : n])[0]
 
     @torch.no_grad()

@@ -25,6 +25,7 @@ from vllm_tt_platform.host.models.decoder import HostDecoder
 from vllm_tt_platform.host.models.inputs import check_decode, check_kv, plan_prefill, prompt_history
 from vllm_tt_platform.host.models.lanes import LaneLayout
 from vllm_tt_platform.host.models.paged_kv import LaneKV
+from vllm_tt_platform.host.models.prompt_logits import all_position_logits
 from vllm_tt_platform.host.models.shapes import (
     PREFILL_BUCKETS,
     HostModelInputError,
@@ -52,6 +53,7 @@ class HostCausalLM(VllmInspectionSurface):
         "max_device_top_k": 32,
         "supports_device_penalties": True,
         "max_device_logprobs": 0,
+        "supports_prompt_logprobs": True,
         "prefill_trace_lens": list(PREFILL_BUCKETS),
     }
 
@@ -233,7 +235,8 @@ class HostCausalLM(VllmInspectionSurface):
         position ``prompt_lens[i] - 1``, or sampled tokens when ``sampling_params`` is given.
 
         ``prompt_tokens`` / ``output_tokens`` kwargs, when sent, are the penalty history;
-        otherwise each row's tokens up to its prompt length are."""
+        otherwise each row's tokens up to its prompt length are. ``return_all_logits=True``
+        returns logits ``[B, T, V]`` for every computed position (prompt logprobs)."""
         tokens = torch.as_tensor(tokens)
         page_table = torch.as_tensor(page_table)
         check_kv(kv_cache, self.lanes)
@@ -243,6 +246,10 @@ class HostCausalLM(VllmInspectionSurface):
         if enable_trace:  # every shape is checked before any KV is written
             for row in rows:
                 self.lanes.devices[row.lane].replay_trace(TraceKey.prefill(row.bucket))
+        if kwargs.get("return_all_logits"):
+            if sampling_params is not None:
+                raise HostModelInputError("return_all_logits asks for logits; do not also send sampling_params")
+            return all_position_logits(self.decoder, None, tokens, page_table, kv_cache, rows)
         logits = torch.stack(
             [
                 self.decoder.prefill(

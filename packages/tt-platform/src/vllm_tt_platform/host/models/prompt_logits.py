@@ -1,0 +1,43 @@
+"""Logits after every computed prefill position, for ``prompt_logprobs``.
+
+A tt-metal prefill returns only the last position's logits. Prompt logprobs need one row per
+prompt position, so a host model that declares ``supports_prompt_logprobs`` accepts
+``prefill_forward(return_all_logits=True)`` and returns them all. Rows are right-aligned in a
+``[B, T, V]`` tensor: ``out[:, -1]`` is still each row's last position, which is all a caller
+that only samples reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_tt_platform.host.models.decoder import HostDecoder
+from vllm_tt_platform.host.models.inputs import PrefillRow
+from vllm_tt_platform.host.models.paged_kv import LaneKV
+
+
+def all_position_logits(
+    decoder: HostDecoder,
+    synthetic: Any,
+    tokens: torch.Tensor,
+    page_table: torch.Tensor,
+    kv_cache: list[LaneKV],
+    rows: list[PrefillRow],
+) -> torch.Tensor:
+    """``[B, T, V]`` with ``T`` the longest computed span; row ``i``'s position
+    ``start + j`` sits at ``T - n_i + j`` (``n_i = end - start``), the left padding is zero.
+
+    ``synthetic`` (a ``SyntheticLM`` or None) replaces the decoder math in timing runs."""
+    width = max(row.end - row.start for row in rows)
+    out = torch.zeros(len(rows), width, decoder.config.vocab_size)
+    for i, row in enumerate(rows):
+        span = tokens[i, row.start : row.end]
+        if synthetic is not None:
+            logits = synthetic.logits(span, torch.arange(row.start, row.end))
+        else:
+            logits = decoder.prefill(span, row.start, row.bucket, page_table[i], kv_cache[row.lane],
+                                     all_positions=True)
+        out[i, width - span.shape[0] :] = logits
+    return out

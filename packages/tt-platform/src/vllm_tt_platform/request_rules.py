@@ -1,0 +1,70 @@
+"""Per-request checks: sampling features the TT backend cannot honour are rejected when the
+request arrives (HTTP 400 from the API server), never silently ignored mid-generation.
+
+vLLM calls ``Platform.validate_request(inputs, params)`` with no config, in the front-end
+process. ``configure`` (which vLLM runs in every process, front end included) therefore
+installs the served model's ``RequestRules`` here; ``check_request`` reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.exceptions import VLLMValidationError
+from vllm_tt_models_registry.contract import ModelCapabilities
+
+
+class TTUnsupportedRequestError(VLLMValidationError):
+    """A request asks for a sampling feature the TT backend (or the served model) lacks."""
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """What the served model allows per request."""
+
+    arch: str
+    prompt_logprobs: bool
+    """The model declares ``supports_prompt_logprobs``."""
+
+    @classmethod
+    def of(cls, arch: str, caps: ModelCapabilities) -> RequestRules:
+        return cls(arch=arch, prompt_logprobs=caps.supports_prompt_logprobs)
+
+
+_installed: RequestRules | None = None
+
+
+def install(rules: RequestRules) -> None:
+    """Set the rules of the model this process serves (``configure`` calls it)."""
+    global _installed
+    _installed = rules
+
+
+def installed() -> RequestRules | None:
+    return _installed
+
+
+def check_request(params: Any, rules: RequestRules | None = None) -> None:
+    """Raise ``TTUnsupportedRequestError`` for a request the backend would not honour.
+
+    ``rules`` defaults to the installed ones; with none installed, model-specific checks are
+    skipped (the worker's checks still apply)."""
+    from vllm.sampling_params import SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        return
+    rules = _installed if rules is None else rules
+    if getattr(params, "thinking_token_budget", None) is not None:
+        raise TTUnsupportedRequestError(
+            "thinking_token_budget is not supported by the TT backend: neither the device nor "
+            "the host sampler applies it. Remove thinking_token_budget from the request.",
+            parameter="thinking_token_budget", value=params.thinking_token_budget,
+        )
+    if params.prompt_logprobs is not None and rules is not None and not rules.prompt_logprobs:
+        raise TTUnsupportedRequestError(
+            f"prompt_logprobs is not supported by {rules.arch}: the model returns only the last "
+            "prompt position's logits (it does not declare supports_prompt_logprobs). Remove "
+            "prompt_logprobs from the request, or serve a model that declares it.",
+            parameter="prompt_logprobs", value=params.prompt_logprobs,
+        )

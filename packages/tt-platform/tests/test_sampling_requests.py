@@ -1,0 +1,92 @@
+"""Per-request sampling checks: what neither sampling path honours is rejected on arrival, with
+an error vLLM's API server turns into HTTP 400."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import SamplingParams
+from vllm_tt_models_registry.contract import ModelCapabilities
+from vllm_tt_platform import request_rules, setup
+from vllm_tt_platform.request_rules import RequestRules, TTUnsupportedRequestError, check_request
+
+WITH = RequestRules(arch="TTWithForCausalLM", prompt_logprobs=True)
+WITHOUT = RequestRules(arch="TTWithoutForCausalLM", prompt_logprobs=False)
+
+
+@pytest.fixture
+def installed():
+    """Install rules for one test, restoring whatever the process had."""
+    before = request_rules.installed()
+    yield request_rules.install
+    if before is not None:
+        request_rules.install(before)
+    else:
+        request_rules._installed = None
+
+
+def test_rules_come_from_the_capability_flag():
+    assert RequestRules.of("X", ModelCapabilities(supports_prompt_logprobs=True)).prompt_logprobs
+    assert not RequestRules.of("X", ModelCapabilities()).prompt_logprobs
+
+
+def test_prompt_logprobs_need_the_capability():
+    params = SamplingParams(prompt_logprobs=2)
+    check_request(params, WITH)
+    with pytest.raises(TTUnsupportedRequestError, match="TTWithoutForCausalLM.*supports_prompt_logprobs") as err:
+        check_request(params, WITHOUT)
+    assert isinstance(err.value, VLLMClientError) and err.value.parameter == "prompt_logprobs"
+    check_request(SamplingParams(), WITHOUT)
+
+
+def test_thinking_token_budget_is_rejected_whatever_the_model():
+    params = SamplingParams()
+    params.thinking_token_budget = 64
+    for rules in (WITH, WITHOUT, None):
+        with pytest.raises(TTUnsupportedRequestError, match="thinking_token_budget"):
+            check_request(params, rules)
+
+
+def test_platform_validate_request_uses_the_installed_rules(installed):
+    installed(WITHOUT)
+    with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
+        setup.validate_request(SamplingParams(prompt_logprobs=1))
+    installed(WITH)
+    setup.validate_request(SamplingParams(prompt_logprobs=1))
+
+
+@pytest.fixture
+def no_prompt_logprobs_bundle(tmp_path, monkeypatch) -> None:
+    """A bundle serving Llama checkpoints with a model that returns only last-position logits."""
+    bundle = tmp_path / "bundles" / "last_logits_llama"
+    bundle.mkdir(parents=True)
+    (bundle / "vllm_metadata.json").write_text(
+        '{"arch": "LlamaForCausalLM", "main_class": "last_logits_adapter:LastLogitsLlama"}'
+    )
+    (bundle / "last_logits_adapter.py").write_text(
+        "from vllm_tt_platform.host.models.families import HostLlamaForCausalLM\n\n"
+        "class LastLogitsLlama(HostLlamaForCausalLM):\n"
+        "    model_capabilities = {**HostLlamaForCausalLM.model_capabilities,\n"
+        "                          'supports_prompt_logprobs': False}\n"
+    )
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(tmp_path / "bundles"))
+
+
+def test_configure_installs_the_served_models_rules(tiny_checkpoint, installed, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("TT_MESH_BACKEND", "host")
+    EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
+    assert request_rules.installed() == RequestRules("TTLlamaForCausalLM", prompt_logprobs=True)
+
+
+def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
+    tiny_checkpoint, installed, no_prompt_logprobs_bundle, monkeypatch
+):
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("TT_MESH_BACKEND", "host")
+    EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
+    assert request_rules.installed().prompt_logprobs is False
+    with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
+        setup.validate_request(SamplingParams(prompt_logprobs=0))
