@@ -19,7 +19,12 @@ from vllm_tt_platform.sampling_output import (
     from_host,
     positions,
 )
-from vllm_tt_platform.sampling_trace import ENV_VAR, JsonlSamplingTrace, NullSamplingTrace, open_sampling_trace
+from vllm_tt_platform.sampling_trace import (
+    ENV_VAR,
+    JsonlSamplingTrace,
+    NullSamplingTrace,
+    open_sampling_trace,
+)
 from vllm_tt_platform.step import ScheduledRow
 from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
