@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm_tt_platform.batch import RequestState
-from vllm_tt_platform.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.model_output import ModelOutput, ModelOutputError, is_host_output, parse
 from vllm_tt_platform.sampling_inputs import device_sampling_kwargs
 from vllm_tt_platform.sampling_output import (
     UNKNOWN_RANK,
@@ -149,6 +149,30 @@ def test_device_rows_need_logprobs_when_asked():
     rows = [chunk(state("a", [1], logprobs=0), 1)]
     with pytest.raises(ModelOutputError, match="no logprobs"):
         from_device(ModelOutput(tokens=torch.tensor([4])), torch.tensor([0]), rows)
+
+
+def test_device_rows_read_tt_metals_top_k_form():
+    rows = [chunk(state("a", [1], logprobs=2), 1), chunk(state("b", [1], logprobs=0), 1)]
+    top_ids = torch.tensor([[4, 9, 2, 7], [3, 5, 6, 1]])
+    top_lp = torch.tensor([[-0.1, -1.0, -2.0, -3.0], [-0.2, -0.9, -1.9, -2.9]])
+    out = parse((torch.tensor([9, 3]), (top_lp, top_ids)), sampled_on_device=True, owner="m")
+    sampled = from_device(out, torch.tensor([0, 1]), rows)
+    assert sampled.logprobs.logprob_token_ids.tolist() == [[9, 4, 9], [3, 3, 5]]
+    torch.testing.assert_close(torch.as_tensor(sampled.logprobs.logprobs),
+                               torch.tensor([[-1.0, -0.1, -1.0], [-0.2, -0.2, -0.9]]))
+    assert sampled.logprobs.sampled_token_ranks.tolist() == [2, 1]
+
+
+def test_top_k_form_must_contain_the_sampled_token():
+    rows = [chunk(state("a", [1], logprobs=0), 1)]
+    out = ModelOutput(tokens=torch.tensor([8]), logprobs=(torch.zeros(1, 2), torch.tensor([[1, 2]])))
+    with pytest.raises(ModelOutputError, match="sampled token"):
+        from_device(out, torch.tensor([0]), rows)
+
+
+def test_top_k_form_is_host_output():
+    assert is_host_output((torch.tensor([1]), (torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.int64))))
+    assert not is_host_output((torch.tensor([1]), ("handle",)))
 
 
 # --- host-sampled rows ----------------------------------------------------------------------------

@@ -19,14 +19,22 @@ class ModelOutput:
     """float ``[rows, V]``: next-token logits (host sampling)."""
     tokens: torch.Tensor | None = None
     """int64 ``[rows]``: tokens sampled on the device."""
-    logprobs: torch.Tensor | None = None
-    """float ``[rows]``: the sampled tokens' logprobs, when the device computed them."""
+    logprobs: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None
+    """When the device computed them: float ``[rows]``, the sampled tokens' logprobs; or
+    tt-metal's top-k form ``(top_logprobs [rows, K], top_ids [rows, K])``, sorted best first
+    and containing the sampled token."""
+
+
+def _is_top_k_pair(x: Any) -> bool:
+    return isinstance(x, tuple) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)
 
 
 def is_host_output(raw: Any) -> bool:
     if isinstance(raw, torch.Tensor):
         return True
-    return isinstance(raw, tuple) and all(x is None or isinstance(x, torch.Tensor) for x in raw)
+    return isinstance(raw, tuple) and all(
+        x is None or isinstance(x, torch.Tensor) or (i > 0 and _is_top_k_pair(x)) for i, x in enumerate(raw)
+    )
 
 
 def parse(raw: Any, *, sampled_on_device: bool, owner: str) -> ModelOutput:
@@ -41,8 +49,8 @@ def parse(raw: Any, *, sampled_on_device: bool, owner: str) -> ModelOutput:
     if sampled_on_device:
         if raw.is_floating_point():
             raise ModelOutputError(f"{owner} was asked to sample on device but returned logits")
-        return ModelOutput(tokens=raw.reshape(-1).to(torch.int64),
-                           logprobs=logprobs if isinstance(logprobs, torch.Tensor) else None)
+        kept = logprobs if isinstance(logprobs, torch.Tensor) or _is_top_k_pair(logprobs) else None
+        return ModelOutput(tokens=raw.reshape(-1).to(torch.int64), logprobs=kept)
     if not raw.is_floating_point() or raw.dim() != 3:
         raise ModelOutputError(f"{owner} returned {tuple(raw.shape)} {raw.dtype}, expected float logits [rows, S, V]")
     return ModelOutput(logits=raw[:, -1, :].float())

@@ -52,13 +52,36 @@ def from_device(output: ModelOutput, index: torch.Tensor, rows: Sequence[Schedul
             "a request asked for logprobs and the batch sampled on device, but the model returned "
             "no logprobs (it must return (tokens, logprobs) when any row has enable_log_probs)"
         )
-    values = output.logprobs.reshape(-1)[index].to(torch.float32)
-    tensors = LogprobsTensors(
-        logprob_token_ids=tokens.to(torch.int32).unsqueeze(1),
-        logprobs=values.unsqueeze(1),
-        selected_token_ranks=torch.full((len(rows),), UNKNOWN_RANK, dtype=torch.int64),
-    )
+    if isinstance(output.logprobs, tuple):
+        tensors = _from_top_k(output.logprobs, tokens, index, rows)
+    else:
+        tensors = LogprobsTensors(
+            logprob_token_ids=tokens.to(torch.int32).unsqueeze(1),
+            logprobs=output.logprobs.reshape(-1)[index].to(torch.float32).unsqueeze(1),
+            selected_token_ranks=torch.full((len(rows),), UNKNOWN_RANK, dtype=torch.int64),
+        )
     return SampledRows(tokens.tolist(), tensors.tolists())
+
+
+def _from_top_k(
+    pair: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor, index: torch.Tensor, rows: Sequence[ScheduledRow]
+) -> LogprobsTensors:
+    """tt-metal's top-k form: the sampled token's logprob and rank are read from its place in
+    the list, then the top-n the rows asked for follow (vLLM's layout)."""
+    top_lp = pair[0].reshape(pair[0].shape[0], -1)[index].to(torch.float32)
+    top_ids = pair[1].reshape(pair[1].shape[0], -1)[index].to(torch.int64)
+    wanted = max(r.state.sampling_params.logprobs or 0 for r in rows)
+    if wanted > top_ids.shape[1]:
+        raise ModelOutputError(f"a request asked for {wanted} logprobs, the model returned {top_ids.shape[1]}")
+    match = top_ids == tokens.unsqueeze(1)
+    if not bool(match.any(dim=1).all()):
+        raise ModelOutputError("the model's top-k logprobs do not contain the sampled token (the contract requires it)")
+    place = match.int().argmax(dim=1)
+    return LogprobsTensors(
+        logprob_token_ids=torch.cat((tokens.unsqueeze(1), top_ids[:, :wanted]), dim=1).to(torch.int32),
+        logprobs=torch.cat((top_lp.gather(1, place.unsqueeze(1)), top_lp[:, :wanted]), dim=1),
+        selected_token_ranks=place + 1,
+    )
 
 
 def from_host(
