@@ -360,7 +360,7 @@ def test_capabilities_and_registry_table():
         assert check_model_class(cls, owner="host").supports_sample_on_device
         caps = cls.model_capabilities
         assert caps["supports_sample_on_device"] and caps["supports_prefix_caching"]
-        assert not caps["supports_async_decode"] and caps["single_program_lanes"]
+        assert caps["supports_async_decode"] and caps["single_program_lanes"]
         assert caps["prefill_trace_lens"] == [128, 1024, 2048, 4096]
     for arch, cls in MODEL_CLASSES.items():
         tt_name = {

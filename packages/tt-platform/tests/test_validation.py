@@ -188,6 +188,7 @@ def test_good_configuration_is_rewritten_for_tt(llama):
     config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST).create_engine_config()
     assert config.model_config.hf_config.architectures == ["TTLlamaForCausalLM"]
     assert config.parallel_config.worker_cls == "vllm_tt_platform.worker.TTWorker"
-    assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTScheduler"
+    # The host models declare supports_async_decode: vLLM's default (async on) is kept.
+    assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTAsyncScheduler"
     assert config.cache_config.block_size == 64
-    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.async_scheduling is True

@@ -36,17 +36,27 @@ class MeshBackend(Protocol):
 
 
 class HostMeshBackend:
-    """Emulates any mesh shape on the CPU."""
+    """Emulates any mesh shape on the CPU, optionally with modelled device time."""
 
     name = "host"
+
+    def __init__(self, config: TTConfig | None = None) -> None:
+        self.config = config or TTConfig(mesh_backend="host")
 
     def available_devices(self) -> int:
         return 1 << 16
 
     def open(self, request: MeshRequest) -> Any:
-        from vllm_tt_platform.host.device import HostMeshDevice
+        from vllm_tt_platform.device_time import parse_device_time
+        from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
 
-        return HostMeshDevice(request.shape)
+        spec = self.config.host_device_time
+        options = HostDeviceOptions(
+            device_time=parse_device_time(spec) if spec else None,
+            skip_math=self.config.host_skip_math,
+            preset=request.preset,
+        )
+        return HostMeshDevice(request.shape, options=options)
 
     def close(self, mesh_device: Any) -> None:
         mesh_device.close()
@@ -54,7 +64,7 @@ class HostMeshBackend:
 
 def make_backend(config: TTConfig) -> MeshBackend:
     if config.mesh_backend == "host":
-        return HostMeshBackend()
+        return HostMeshBackend(config)
     from vllm_tt_platform.ttnn_mesh import TtnnMeshBackend
 
     return TtnnMeshBackend(config)

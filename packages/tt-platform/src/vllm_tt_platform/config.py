@@ -24,8 +24,18 @@ packages (e.g. the scheduler); users never set them."""
 
 
 def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
-         minimum: int | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None) -> dict[str, Any]:
-    return {"doc": doc, "choices": choices, "env": env, "minimum": minimum, "choices_from": choices_from}
+         minimum: int | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None,
+         check: Callable[[str], object] | None = None, allowed: str = "") -> dict[str, Any]:
+    """``check`` validates a free-form string (raising ``ValueError`` with the accepted forms);
+    ``allowed`` describes those forms in the generated reference."""
+    return {"doc": doc, "choices": choices, "env": env, "minimum": minimum, "choices_from": choices_from,
+            "check": check, "allowed": allowed}
+
+
+def _device_time(value: str) -> object:
+    from vllm_tt_platform.device_time import parse_device_time
+
+    return parse_device_time(value)
 
 
 def _fabric_configs() -> tuple[str, ...]:
@@ -81,9 +91,27 @@ class TTConfig:
         choices=("performance", "accuracy")))
     prefill_burst: int = field(default=DEFAULT_PREFILL_BURST, metadata=_opt(
         "Most consecutive prefill steps while decodes wait; bounds decode stall.", minimum=1))
+    host_device_time: str | None = field(default=None, metadata=_opt(
+        "Host backend only: make the emulated device take modelled time. Programs then run on "
+        "the device's own thread and complete no earlier than their duration, and readbacks "
+        "complete through events. Unset: programs take as long as the host math. See "
+        "docs/async-decode.md for the cost model.", check=_device_time,
+        allowed="a duration (`25ms`); `served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`"))
+    host_skip_math: bool = field(default=False, metadata=_opt(
+        "Host backend only: skip the model math and return deterministic stand-in tokens "
+        "(keyed by input token and position), so emulated large models can be timed on a CPU."))
 
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"internal": True})
     """Where each option's value came from: `set`, `env` or `default`."""
+
+    def __post_init__(self) -> None:
+        if self.mesh_backend != "host":
+            for name in ("host_device_time", "host_skip_math"):
+                if getattr(self, name):
+                    raise TTConfigError(
+                        f"{KEY_PREFIX}{name}", getattr(self, name), "unset unless mesh_backend is `host`",
+                        f"remove {KEY_PREFIX}{name}, or set {KEY_PREFIX}mesh_backend host",
+                    )
 
     @classmethod
     def options(cls) -> list[Any]:
@@ -151,6 +179,12 @@ def _parse(f: Any, raw: Any, setting: str) -> Any:
         return value
     if not isinstance(raw, str):
         raise TTConfigError(setting, raw, "a string", f"pass {setting} as text")
+    check = f.metadata["check"]
+    if check is not None:
+        try:
+            check(raw)
+        except ValueError as exc:
+            raise TTConfigError(setting, raw, f.metadata["allowed"], str(exc)) from None
     choices = f.metadata["choices"] or (f.metadata["choices_from"]() if f.metadata["choices_from"] else ())
     if choices and raw not in choices:
         close = difflib.get_close_matches(raw, list(choices), n=1)
@@ -176,7 +210,7 @@ def markdown_reference() -> str:
     for f in TTConfig.options():
         default = f.default if f.default is not MISSING else ""
         choices = f.metadata["choices"]
-        allowed = ", ".join(f"`{c}`" for c in choices) if choices else (
+        allowed = ", ".join(f"`{c}`" for c in choices) if choices else f.metadata["allowed"] or (
             "`ttnn` member names" if f.metadata["choices_from"] else (
                 f">= {f.metadata['minimum']}" if f.metadata["minimum"] is not None else ""))
         env = f"`{f.metadata['env']}`" if f.metadata["env"] else ""

@@ -12,7 +12,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm_tt_sampling.decision import (
     NO_DEVICE_LOGPROBS,
     DeviceSamplingCaps,
@@ -28,6 +28,7 @@ from vllm_tt_sampling.wire import to_device_params
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform import model_output, sampling_output
+from vllm_tt_platform.async_decode import InFlightStep, SteadySampling, overlap_for
 from vllm_tt_platform.batch import PersistentBatch
 from vllm_tt_platform.sampling_inputs import device_sampling_kwargs
 from vllm_tt_platform.sampling_trace import open_sampling_trace
@@ -44,7 +45,8 @@ DEFAULT_KV_TOKENS = 131_072
 class _PendingStep:
     plan: StepPlan
     decision: SamplingDecision
-    output: model_output.ModelOutput
+    output: model_output.ModelOutput | InFlightStep
+    """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``)."""
 
 
 class TTModelRunner:
@@ -82,6 +84,13 @@ class TTModelRunner:
         self.kv_cache: Any = None
         self.host_sampler: HostSamplingBatch | None = None
         self._pending: _PendingStep | None = None
+        self.overlap = overlap_for(
+            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+            supports_async_decode=caps.supports_async_decode, decode_trace=self.decode_trace,
+            sampling=SteadySampling(self.sampling_mode, self.sampling_caps, config.always_compat_sampling,
+                                    self.custom_logits_processors),
+            mesh_device=mesh_device,
+        )
 
     # -- setup -------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -174,7 +183,10 @@ class TTModelRunner:
 
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.overlap.begin_step(out, self.batch)  # applies or drains steps in flight
         added, resumed, released = self.batch.update(out, self._lanes_of_new(out))
+        if added or resumed or released:
+            self.overlap.batch_changed()
         sampler = self.host_sampler
         for state in released:
             sampler.remove_request(state.slot)
@@ -244,16 +256,22 @@ class TTModelRunner:
         return model_output.parse(raw, sampled_on_device=on_device,
                                   owner=f"{type(self.model).__qualname__}.prefill_forward")
 
-    def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
+    def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput | InFlightStep:
         num_slots = self.batch.num_slots
-        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks)
         on_device = decision.path is SamplingPath.DEVICE
-        kwargs: dict[str, Any] = {}
+        params = None
         if on_device:
             by_slot: list[Any] = [None] * num_slots
             for r in plan.rows:
                 by_slot[r.state.slot] = r.state.sampling_params
             params = to_device_params(by_slot, self.vocab_size)
+        overlapped = self.overlap.prepare_decode(  # drains what is in flight unless overlapped
+            self.batch, device_sampled=on_device, penalties=params is not None and params.has_penalties,
+            logprobs=params is not None and any(params.enable_log_probs),
+        )
+        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks)
+        kwargs: dict[str, Any] = self.overlap.decode_kwargs(plan.rows, device_sampled=on_device)
+        if params is not None:
             kwargs["sampling_params"] = params
             if params.has_penalties:
                 kwargs["prompt_tokens"], kwargs["output_tokens"] = self._penalty_history(plan, num_slots)
@@ -261,6 +279,8 @@ class TTModelRunner:
             tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
             kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
         )
+        if overlapped:
+            return self.overlap.submit(self.model, raw, plan.rows)
         return model_output.read_decode(self.model, raw, sampled_on_device=on_device)
 
     def _penalty_history(self, plan: StepPlan, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,11 +296,13 @@ class TTModelRunner:
                 outputs[s.slot, : len(s.output_token_ids)] = torch.tensor(s.output_token_ids, dtype=torch.int32)
         return prompts, outputs
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan, output = pending.plan, pending.output
+        if isinstance(output, InFlightStep):
+            return self.overlap.async_output(output, grammar_output)
         producing = [r for r in plan.rows if r.produces_token]
         waiting = [r for r in plan.rows if not r.produces_token]
         sampled = sampling_output.SampledRows([], None)

@@ -2,15 +2,34 @@
 
 It stands where a ``ttnn.MeshDevice`` stands: it has a shape, splits into sub-meshes (lanes)
 and keeps the traces captured at warmup. Replaying a shape that warmup did not capture is an
-error, as it is on hardware.
+error, as it is on hardware. Programs go through one command queue shared by the sub-meshes;
+with modelled device time (``HostDeviceOptions.device_time``) they run on the device's own
+thread and take the modelled time, and readbacks complete through events.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
 
+from vllm_tt_platform.async_faults import Faults
+from vllm_tt_platform.device_time import DeviceTimeSpec, ModelDims, ProgramCosts
+from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
 from vllm_tt_platform.mesh import MeshShape
+
+
+@dataclass(frozen=True)
+class HostDeviceOptions:
+    """How the emulated device behaves (``--additional-config.tt.host_*``)."""
+
+    device_time: DeviceTimeSpec | None = None
+    """None: programs take as long as the host math; else the modelled duration."""
+    skip_math: bool = False
+    """Models return deterministic stand-in tokens instead of running the real math."""
+    preset: str | None = None
+    """The ``MESH_DEVICE`` preset the mesh was opened for (picks the chip of the cost model)."""
 
 
 class TraceNotCapturedError(RuntimeError):
@@ -18,9 +37,13 @@ class TraceNotCapturedError(RuntimeError):
 
 
 class HostMeshDevice:
-    def __init__(self, shape: MeshShape, *, lane: int | None = None) -> None:
+    def __init__(self, shape: MeshShape, *, lane: int | None = None,
+                 options: HostDeviceOptions | None = None, command_queue: CommandQueue | None = None) -> None:
         self.mesh_shape = shape
         self.lane = lane
+        self.options = options or HostDeviceOptions()
+        self.command_queue = command_queue or CommandQueue(timed=self.options.device_time is not None)
+        self._owns_queue = command_queue is None
         self._traces: set[Hashable] = set()
         self._lock = threading.Lock()
         self._submeshes: list[HostMeshDevice] = []
@@ -37,8 +60,42 @@ class HostMeshDevice:
     def create_submeshes(self, lanes: int) -> list[HostMeshDevice]:
         """Split into ``lanes`` equal sub-meshes (one per data-parallel KV cache)."""
         sub = self.mesh_shape.split(lanes)
-        self._submeshes = [HostMeshDevice(sub, lane=i) for i in range(lanes)]
+        self._submeshes = [
+            HostMeshDevice(sub, lane=i, options=self.options, command_queue=self.command_queue)
+            for i in range(lanes)
+        ]
         return list(self._submeshes)
+
+    # Time and events.
+    @property
+    def skip_math(self) -> bool:
+        return self.options.skip_math
+
+    def program_costs(self, served: ModelDims) -> ProgramCosts | None:
+        """Durations of the programs a model of dimensions ``served`` runs here; None when
+        device time is not modelled."""
+        spec = self.options.device_time
+        if spec is None:
+            return None
+        return spec.resolve(served, self.mesh_shape, self.options.preset)
+
+    def event_synchronize(self, event: Any) -> None:
+        """Block until ``event`` (from a readback) is recorded, like ``ttnn.event_synchronize``."""
+        if not isinstance(event, DeviceEvent):
+            raise TypeError(f"expected an event recorded by this host device, got {type(event).__name__}")
+        event.wait()
+
+    def synchronize(self) -> None:
+        """Block until every queued program has completed."""
+        self.command_queue.finish()
+
+    @property
+    def faults(self) -> Faults:
+        return self.command_queue.faults
+
+    @faults.setter
+    def faults(self, faults: Faults) -> None:
+        self.command_queue.faults = faults
 
     # Traces.
     def capture_trace(self, key: Hashable) -> None:
@@ -62,5 +119,7 @@ class HostMeshDevice:
     def close(self) -> None:
         for sub in self._submeshes:
             sub.close()
+        if self._owns_queue:
+            self.command_queue.close()
         self._traces.clear()
         self.closed = True

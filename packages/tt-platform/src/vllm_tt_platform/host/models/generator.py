@@ -2,8 +2,12 @@
 
 It stands where ``tt_transformers``' generator classes stand, so the runner drives it through
 exactly the calls it makes on hardware: build, allocate the paged KV cache, warm up (capture
-traces), then prefill and decode with fixed shapes. Inputs are host tensors and outputs are
-returned as host tensors, so the runner never needs ``read_decode_output``.
+traces), then prefill and decode with fixed shapes. Every forward is a program on the mesh's
+command queue. Without modelled device time the queue runs it at once and outputs are host
+tensors; with it, ``decode_forward(read_from_device=False)`` returns a handle while the program
+runs, read through ``read_decode_output`` / ``process_decode_output_host`` like tt-metal's.
+With device sampling the device keeps each slot's last token and position (``DeviceSlots``),
+which is what lets the runner overlap decode steps (``supports_async_decode``).
 
 Warmup captures traces but runs no prefill math (a 4096 bucket is slow on CPU and proves
 nothing a first request does not); the decode compile pass runs one all-padding step.
@@ -11,11 +15,13 @@ nothing a first request does not); the decode compile pass runs one all-padding 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, ClassVar
 
 import torch
 
+from vllm_tt_platform.device_time import ModelDims
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models import paged_kv
@@ -26,12 +32,15 @@ from vllm_tt_platform.host.models.inputs import check_decode, check_kv, plan_pre
 from vllm_tt_platform.host.models.lanes import LaneLayout
 from vllm_tt_platform.host.models.paged_kv import LaneKV
 from vllm_tt_platform.host.models.prompt_logits import all_position_logits
+from vllm_tt_platform.host.models.readback import DecodeHandle, DecodeReader
 from vllm_tt_platform.host.models.shapes import (
     PREFILL_BUCKETS,
     HostModelInputError,
     TraceKey,
     buckets_up_to,
 )
+from vllm_tt_platform.host.models.slot_state import DeviceSlots
+from vllm_tt_platform.host.models.synthetic import SyntheticLM
 from vllm_tt_platform.host.models.vllm_surface import VllmInspectionSurface
 
 logger = logging.getLogger(__name__)
@@ -40,14 +49,14 @@ OPTIMIZATIONS: tuple[str | None, ...] = (None, "performance", "accuracy")
 """tt-metal precision presets; the host runs float32 for all of them."""
 
 
-class HostCausalLM(VllmInspectionSurface):
+class HostCausalLM(DecodeReader, VllmInspectionSurface):
     """A decoder-only LM on the host mesh backend; subclasses name the family."""
 
     family: ClassVar[str] = "llama"
 
     model_capabilities: ClassVar[dict[str, Any]] = {
         "supports_sample_on_device": True,
-        "supports_async_decode": False,
+        "supports_async_decode": True,
         "supports_prefix_caching": True,
         "single_program_lanes": True,
         "max_device_top_k": 32,
@@ -63,6 +72,7 @@ class HostCausalLM(VllmInspectionSurface):
         lanes: LaneLayout,
         max_seq_len: int,
         *,
+        device: HostMeshDevice | None = None,
         vllm_config: Any = None,
         prefix: str = "",
     ) -> None:
@@ -76,6 +86,15 @@ class HostCausalLM(VllmInspectionSurface):
         self.config = decoder.config
         self.lanes = lanes
         self.max_seq_len = max_seq_len
+        self.device = device or lanes.devices[0]
+        self.queue = self.device.command_queue
+        self.slots = DeviceSlots(lanes.max_batch_size)
+        cfg = decoder.config
+        self.costs = self.device.program_costs(ModelDims(
+            cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+            cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings,
+        ))
+        self.synthetic = SyntheticLM(self.config.vocab_size) if self.device.skip_math else None
 
     @property
     def max_batch_size(self) -> int:
@@ -111,6 +130,13 @@ class HostCausalLM(VllmInspectionSurface):
         folder = resolve_checkpoint_dir(str(getattr(hf_config, "_name_or_path", "") or ""))
         decoder = HostDecoder(config, load_decoder_weights(folder, config))
         lanes = LaneLayout.build(mesh_device, max_batch_size, tt_data_parallel)
+        model = cls(decoder, lanes, max_seq_len, device=mesh_device)
+        if model.costs is not None or model.synthetic is not None:
+            logger.info(
+                "host device time: %s; model math %s",
+                model.costs.description if model.costs is not None else "not modelled",
+                "skipped (synthetic tokens)" if model.synthetic is not None else "run",
+            )
         logger.info(
             "host %s model from %s: %d layers, %d heads (%d kv) x %d, vocab %d; %d lane(s) x %d "
             "rows, max_seq_len %d, float32",
@@ -125,7 +151,7 @@ class HostCausalLM(VllmInspectionSurface):
             lanes.rows_per_lane,
             max_seq_len,
         )
-        return cls(decoder, lanes, max_seq_len)
+        return model
 
     @classmethod
     def get_max_tokens_all_users(
@@ -233,6 +259,7 @@ class HostCausalLM(VllmInspectionSurface):
         """Row ``i`` computes positions ``[start_pos[i], prompt_lens[i])`` of ``tokens[i]``
         into the KV cache of slot ``empty_slots[i]``'s lane; returns logits ``[B, 1, V]`` for
         position ``prompt_lens[i] - 1``, or sampled tokens when ``sampling_params`` is given.
+        Prefill is synchronous: the call returns once the program has completed.
 
         ``prompt_tokens`` / ``output_tokens`` kwargs, when sent, are the penalty history;
         otherwise each row's tokens up to its prompt length are. ``return_all_logits=True``
@@ -243,33 +270,57 @@ class HostCausalLM(VllmInspectionSurface):
         rows = plan_prefill(
             tokens, page_table, kv_cache, prompt_lens, start_pos, empty_slots, self.lanes, self.max_seq_len
         )
+        if sampling_params is not None and len(sampling_params) != len(rows):
+            raise HostModelInputError(f"sampling_params has {len(sampling_params)} rows, the call has {len(rows)}")
         if enable_trace:  # every shape is checked before any KV is written
             for row in rows:
                 self.lanes.devices[row.lane].replay_trace(TraceKey.prefill(row.bucket))
+        slots = list(range(len(rows))) if empty_slots is None else [
+            int(s) for s in torch.as_tensor(empty_slots).reshape(-1).tolist()
+        ]
+        costs = self.costs
+        duration = sum(costs.prefill_s(r.end - r.start, r.start) for r in rows) if costs is not None else 0.0
         if kwargs.get("return_all_logits"):
             if sampling_params is not None:
                 raise HostModelInputError("return_all_logits asks for logits; do not also send sampling_params")
-            return all_position_logits(self.decoder, None, tokens, page_table, kv_cache, rows)
-        logits = torch.stack(
-            [
+            program = functools.partial(self._all_logits_program, tokens, page_table, kv_cache, rows, slots)
+            return self.queue.submit(program, duration).result()
+        program = functools.partial(
+            self._prefill_program, tokens, page_table, kv_cache, rows, slots, sampling_params,
+            kwargs.get("prompt_tokens"), kwargs.get("output_tokens"),
+        )
+        return self.queue.submit(program, duration).result()
+
+    def _all_logits_program(
+        self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV], rows: list[Any],
+        slots: list[int],
+    ) -> torch.Tensor:
+        """``return_all_logits=True``: every computed position's logits (see ``prompt_logits``)."""
+        logits = all_position_logits(self.decoder, self.synthetic, tokens, page_table, kv_cache, rows)
+        self.slots.prefilled(slots)
+        return logits
+
+    def _prefill_program(
+        self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV], rows: list[Any],
+        slots: list[int], sampling_params: Any, history: Any, output_tokens: Any,
+    ) -> Any:
+        if self.synthetic is not None:
+            last = torch.tensor([row.end - 1 for row in rows])
+            logits = self.synthetic.logits(tokens[torch.arange(len(rows)), last], last)
+        else:
+            logits = torch.stack([
                 self.decoder.prefill(
-                    tokens[i, row.start : row.end],
-                    row.start,
-                    row.bucket,
-                    page_table[i],
-                    kv_cache[row.lane],
+                    tokens[i, row.start : row.end], row.start, row.bucket, page_table[i], kv_cache[row.lane]
                 )
                 for i, row in enumerate(rows)
-            ]
-        )
+            ])
+        self.slots.prefilled(slots)
         if sampling_params is None:
             return logits[:, None, :]
         ends = [row.end for row in rows]
-        history = kwargs.get("prompt_tokens")
         if history is None and sampling_params.has_penalties:
             history = prompt_history(tokens, ends)
-        last_input = torch.tensor(ends) - 1
-        return self._sample(logits, sampling_params, last_input, history, kwargs.get("output_tokens"))
+        return self._sample(logits, sampling_params, torch.tensor(ends) - 1, history, output_tokens)
 
     def decode_forward(
         self,
@@ -282,13 +333,16 @@ class HostCausalLM(VllmInspectionSurface):
         sampling_params: Any = None,
         prompt_tokens: Any = None,
         output_tokens: Any = None,
+        reset_batch: bool = False,
         **kwargs: Any,
     ) -> Any:
         """One step over the full fixed batch; row ``r`` is slot ``r``, ``start_pos == -1``
-        marks padding. Returns logits ``[B, 1, V]`` or sampled tokens ``[B]``.
+        marks padding. Returns logits ``[B, 1, V]`` or sampled tokens ``[B]`` as host tensors,
+        or, with modelled device time and ``read_from_device=False``, a ``DecodeHandle``.
 
-        ``read_from_device`` is accepted and ignored: outputs are always host tensors. The
-        model keeps no per-slot state, so ``slot_remap`` and ``reset_batch`` need no action."""
+        With ``sampling_params`` the device's own token and position are used for continuing
+        slots (``DeviceSlots``); ``reset_batch`` says the layout changed. Slots never move, so
+        ``slot_remap`` needs no action."""
         tokens = torch.as_tensor(tokens)
         tokens = tokens[:, 0] if tokens.dim() == 2 else tokens.reshape(-1)
         positions = torch.as_tensor(start_pos).reshape(-1).long()
@@ -299,10 +353,45 @@ class HostCausalLM(VllmInspectionSurface):
             key = TraceKey.decode(self.lanes.rows_per_lane, sampling_params is not None)
             for device in self.lanes.devices:
                 device.replay_trace(key)
-        logits = self.decoder.decode(tokens, positions, page_table, kv_cache, self.lanes.rows_per_lane)
+        if sampling_params is not None and len(sampling_params) != tokens.shape[0]:
+            raise HostModelInputError(
+                f"sampling_params has {len(sampling_params)} rows, the call has {tokens.shape[0]}"
+            )
+        costs = self.costs
+        duration = costs.decode_s(int((positions[positions >= 0] + 1).sum())) if costs is not None else 0.0
+        program = functools.partial(
+            self._decode_program, tokens, positions, page_table, kv_cache, sampling_params,
+            prompt_tokens, output_tokens, bool(reset_batch),
+        )
+        future = self.queue.submit(program, duration)
+        if read_from_device or not self.queue.deferred:
+            return future.result()
+        return DecodeHandle(future, sampling_params is not None, tokens.shape[0], self.config.vocab_size)
+
+    def _decode_program(
+        self, tokens: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV],
+        sampling_params: Any, prompt_tokens: Any, output_tokens: Any, reset: bool,
+    ) -> Any:
+        if sampling_params is None:
+            self.slots.host_sampled()
+        else:
+            host_positions = positions
+            tokens, positions = self.slots.inputs(tokens, positions, reset=reset)
+            if not torch.equal(positions, host_positions):
+                check_decode(tokens, positions, page_table, kv_cache, self.lanes, self.max_seq_len)
+        if self.synthetic is not None and _plain_greedy(sampling_params):
+            out = self.synthetic.greedy(tokens, positions)
+            self.slots.sampled(out, positions)
+            return out
+        if self.synthetic is not None:
+            logits = self.synthetic.logits(tokens, positions)
+        else:
+            logits = self.decoder.decode(tokens, positions, page_table, kv_cache, self.lanes.rows_per_lane)
         if sampling_params is None:
             return logits[:, None, :]
-        return self._sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)
+        out = self._sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)
+        self.slots.sampled(out[0] if isinstance(out, tuple) else out, positions)
+        return out
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -319,10 +408,6 @@ class HostCausalLM(VllmInspectionSurface):
         last input position, as the sampler documents."""
         from vllm_tt_sampling.device import sample_tokens
 
-        if len(params) != logits.shape[0]:
-            raise HostModelInputError(
-                f"sampling_params has {len(params)} rows, the call has {logits.shape[0]}"
-            )
         result = sample_tokens(
             logits,
             params,
@@ -333,3 +418,9 @@ class HostCausalLM(VllmInspectionSurface):
         if any(params.enable_log_probs):
             return result.tokens, result.logprobs
         return result.tokens
+
+
+def _plain_greedy(params: Any) -> bool:
+    """Device sampling that is an argmax of the raw logits: greedy, no penalties, no logprobs."""
+    return (params is not None and all(t < 1e-5 for t in params.temperature)
+            and not params.has_penalties and not any(params.enable_log_probs))
