@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -275,6 +276,10 @@ def _corpus_ids(tokenizer: Any) -> Any:
     return torch.tensor(ids, dtype=torch.long)
 
 
+TRAIN_REPORT_EVERY = 100
+"""Training progress goes to stderr this often, so a first demo start is not silent."""
+
+
 def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
     """A short AdamW run on random corpus windows with a cosine learning-rate decay."""
     import torch
@@ -286,7 +291,7 @@ def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
     )
     model.train()
     span = len(ids) - TRAIN_SEQ_LEN
-    for _ in range(steps):
+    for step in range(steps):
         starts = torch.randint(0, span, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([ids[s : s + TRAIN_SEQ_LEN] for s in starts.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
@@ -295,6 +300,8 @@ def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
+        if (step + 1) % TRAIN_REPORT_EVERY == 0 or step + 1 == steps:
+            print(f"tiny model: step {step + 1}/{steps}, loss {loss.item():.2f}", file=sys.stderr, flush=True)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
