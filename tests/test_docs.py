@@ -19,7 +19,7 @@ def test_troubleshooting_lists_every_error_type():
     from vllm_tt_platform import errors
 
     page = (ROOT / "docs" / "troubleshooting.md").read_text()
-    for name in ("TTConfigError", "TTUnsupportedFeatureError", "TTDeviceNotFoundError", "TraceNotCapturedError",
+    for name in ("TTConfigError", "TTUnsupportedFeatureError", "TTUnsupportedRequestError", "TTDeviceNotFoundError", "TraceNotCapturedError",
                  "MixedStepError", "BundleError"):
         assert name in page, name
     assert errors.TTConfigError.__name__ in page
