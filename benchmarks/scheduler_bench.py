@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Phase scheduler vs vLLM's stock scheduler on one synthetic request trace.
+"""Phase scheduler (TTScheduler) vs vLLM's stock scheduler on synthetic request traces.
 
-Measures (1) host cost per engine step, schedule() + update_from_output(), as the
-ratio TT/stock over alternating runs, with and without KV pressure, and (2) mean
-time-to-first-token and inter-token latency, in engine steps, for several
-``prefill_burst`` values. No model runs: a fake runner samples tokens (see
-``vllm_tt_scheduler.sim``). Writes JSON and a markdown table.
+Measures (1) host cost per engine step, ``schedule()`` + ``update_from_output()``, as the
+ratio TT/stock over alternating runs on the same trace, with and without KV pressure;
+(2) mean time-to-first-token and inter-token latency in engine steps, for several
+``prefill_burst`` and ``prefill_hold`` values and loads. No model runs: a fake runner
+samples tokens (``vllm_tt_scheduler.sim``). Writes JSON and a markdown table.
 
-    python benchmarks/scheduler_bench.py            # full run (~4 min on 2 cores)
+    python benchmarks/scheduler_bench.py            # full run (about 4 min on 2 cores)
     python benchmarks/scheduler_bench.py --quick    # smoke run (seconds)
 """
 
@@ -22,8 +22,9 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "scheduler_bench.json"
@@ -41,8 +42,8 @@ class TraceSpec:
     output_min: int = 8
     output_max: int = 256
     load: float = 0.9
-    """Arrival rate as a fraction of the stock scheduler's decode capacity
-    (running slots / mean output length, in requests per step)."""
+    """Arrival rate as a fraction of saturation: running slots / mean output length,
+    the requests per step the stock scheduler can finish at best."""
     seed: int = 0
 
 
@@ -57,13 +58,19 @@ class EngineSpec:
     kv_fraction: float = 1.0
     """KV pool as a fraction of what every running slot at full length needs."""
     prefill_trace_max: int | None = None
-    """Largest prefill trace the model declares: prompts are chunked to it (vLLM's
-    stock scheduler gets the same per-request limit as long_prefill_token_threshold)."""
+    """Largest prefill trace the model declares: the TT scheduler chunks prompts to it;
+    the stock scheduler gets the same per-request limit (long_prefill_token_threshold)."""
 
     def pool_blocks(self, trace: TraceSpec) -> int:
-        longest = trace.prompt_max + trace.output_max
-        per_seq = math.ceil(longest / self.block_size)
+        per_seq = math.ceil((trace.prompt_max + trace.output_max) / self.block_size)
         return max(per_seq + 1, int(self.max_num_seqs * per_seq * self.kv_fraction) + 1)
+
+
+ENGINES = {
+    "ample": EngineSpec(),
+    "pressure": EngineSpec(kv_fraction=0.35),
+    "trace256": EngineSpec(prefill_trace_max=256),
+}
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,9 @@ class Arrival:
 
 
 def make_trace(spec: TraceSpec, max_num_seqs: int) -> list[Arrival]:
-    """Poisson arrivals (in engine steps) near the stock scheduler's capacity."""
+    """Poisson arrivals, in engine steps, at ``spec.load`` of saturation."""
     rng = random.Random(spec.seed)
-    mean_output = (spec.output_min + spec.output_max) / 2
-    rate = spec.load * max_num_seqs / mean_output
+    rate = spec.load * max_num_seqs / ((spec.output_min + spec.output_max) / 2)
     clock = 0.0
     arrivals = []
     for i in range(spec.num_requests):
@@ -95,52 +101,79 @@ def make_trace(spec: TraceSpec, max_num_seqs: int) -> list[Arrival]:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One scheduler over one trace: what to run."""
+
+    engine: str
+    load: float
+    scheduler: str  # "stock" or "tt"
+    prefill_burst: int | None = None
+    prefill_hold: float | None = None
+
+
+@dataclass(frozen=True)
 class RunResult:
+    engine: str
+    load: float
     scheduler: str
     prefill_burst: int | None
+    prefill_hold: float | None
     steps: int
     host_us_per_step: float
+    host_us_per_token: float
     ttft_steps: float
     itl_steps: float
+    max_gap_steps: int
+    """Longest wait between two tokens of one request (the worst decode stall)."""
     prefill_steps: int
     decode_steps: int
     mixed_steps: int
     preemptions: int
 
 
-def run_once(
-    scheduler_name: str,
-    trace: list[Arrival],
-    engine: EngineSpec,
-    trace_spec: TraceSpec,
-    prefill_burst: int | None,
-) -> RunResult:
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm_tt_scheduler import Phase, TTScheduler
-    from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, make_request
+class Driver:
+    """Feeds one trace to one scheduler, a few steps at a time."""
 
-    tt: dict[str, object] = {} if prefill_burst is None else {"prefill_burst": prefill_burst}
-    if engine.prefill_trace_max is not None:
-        tt["_prefill_trace_lens"] = [engine.prefill_trace_max]
-    config = SimConfig(
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_model_len=engine.max_model_len,
-        block_size=engine.block_size,
-        num_blocks=engine.pool_blocks(trace_spec),
-        long_prefill_token_threshold=engine.prefill_trace_max or 0,
-        tt=tt,
-    )
-    cls = Scheduler if scheduler_name == "stock" else TTScheduler
-    sim = Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler)
-    counts = {Phase.PREFILL: 0, Phase.DECODE: 0, Phase.EMPTY: 0, None: 0}
-    preemptions = 0
-    pending = list(reversed(trace))
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        while pending or sim.has_work():
+    def __init__(self, run: Run, trace: list[Arrival], spec: TraceSpec) -> None:
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm_tt_scheduler import Phase, TTScheduler
+        from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
+
+        engine = ENGINES[run.engine]
+        tt: dict[str, object] = {}
+        if run.prefill_burst is not None:
+            tt["prefill_burst"] = run.prefill_burst
+        if run.prefill_hold is not None:
+            tt["prefill_hold"] = run.prefill_hold
+        if engine.prefill_trace_max is not None:
+            tt["_prefill_trace_lens"] = [engine.prefill_trace_max]
+        config = SimConfig(
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_model_len=engine.max_model_len,
+            block_size=engine.block_size,
+            num_blocks=engine.pool_blocks(spec),
+            long_prefill_token_threshold=engine.prefill_trace_max or 0,
+            tt=tt,
+        )
+        cls = Scheduler if run.scheduler == "stock" else TTScheduler
+        self.run = run
+        self.sim = Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler)
+        self.counts = {Phase.PREFILL: 0, Phase.DECODE: 0, Phase.EMPTY: 0, None: 0}
+        self.preemptions = 0
+        self.pending = list(reversed(trace))
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and not self.sim.has_work()
+
+    def advance(self, steps: int) -> None:
+        from vllm_tt_scheduler.sim import make_request
+
+        sim, pending = self.sim, self.pending
+        for _ in range(steps):
+            if self.done:
+                return
             while pending and pending[-1].step <= sim.step_index:
                 arrival = pending.pop()
                 sim.add(make_request(arrival.req_id, arrival.prompt_len, arrival.output_len))
@@ -149,125 +182,217 @@ def run_once(
                 continue
             record = sim.step()
             if record is not None:
-                counts[record.phase] += 1
-                preemptions += len(record.preempted)
+                self.counts[record.phase] += 1
+                self.preemptions += len(record.preempted)
+
+    def result(self) -> RunResult:
+        from vllm_tt_scheduler import Phase
+
+        ttfts, gaps, intervals, max_gap = [], 0, 0, 0
+        for log in self.sim.logs.values():
+            if log.finishes != 1 or not log.token_steps:
+                raise RuntimeError(f"request did not finish exactly once: {log}")
+            steps = log.token_steps
+            ttfts.append(steps[0] - log.arrival_step + 1)
+            gaps += steps[-1] - steps[0]
+            intervals += len(steps) - 1
+            max_gap = max([max_gap, *(b - a for a, b in zip(steps, steps[1:], strict=False))])
+        host = self.sim.host
+        host_us = (host.schedule + host.update) * 1e6
+        run = self.run
+        return RunResult(
+            engine=run.engine,
+            load=run.load,
+            scheduler=run.scheduler,
+            prefill_burst=run.prefill_burst,
+            prefill_hold=run.prefill_hold,
+            steps=host.steps,
+            host_us_per_step=host_us / host.steps,
+            host_us_per_token=host_us / (intervals + len(ttfts)),
+            ttft_steps=statistics.fmean(ttfts),
+            itl_steps=gaps / intervals,
+            max_gap_steps=max_gap,
+            prefill_steps=self.counts[Phase.PREFILL],
+            decode_steps=self.counts[Phase.DECODE],
+            mixed_steps=self.counts[None],
+            preemptions=self.preemptions,
+        )
+
+
+def run_alternating(drivers: list[Driver], chunk: int = 32) -> list[RunResult]:
+    """Run the drivers to completion, ``chunk`` steps each in turn, so that a change in
+    machine load (other processes) hits all of them alike."""
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # collections would land on random steps of either scheduler
+    try:
+        while not all(driver.done for driver in drivers):
+            for driver in drivers:
+                driver.advance(chunk)
     finally:
         if gc_was_enabled:
             gc.enable()
-    ttfts, gaps, intervals = [], 0, 0
-    for log in sim.logs.values():
-        if log.finishes != 1 or not log.token_steps:
-            raise RuntimeError(f"request did not finish exactly once: {log}")
-        ttfts.append(log.token_steps[0] - log.arrival_step + 1)
-        gaps += log.token_steps[-1] - log.token_steps[0]
-        intervals += len(log.token_steps) - 1
-    host = sim.host
-    return RunResult(
-        scheduler=scheduler_name,
-        prefill_burst=prefill_burst,
-        steps=host.steps,
-        host_us_per_step=(host.schedule + host.update) / host.steps * 1e6,
-        ttft_steps=statistics.fmean(ttfts),
-        itl_steps=gaps / intervals,
-        prefill_steps=counts[Phase.PREFILL],
-        decode_steps=counts[Phase.DECODE],
-        mixed_steps=counts[None],
-        preemptions=preemptions,
-    )
+    return [driver.result() for driver in drivers]
 
 
-def host_cost(trace: list[Arrival], engine: EngineSpec, spec: TraceSpec, pairs: int) -> dict[str, object]:
-    """TT/stock host cost per step over alternating runs (stock first, then TT)."""
-    ratios, runs = [], []
-    for _ in range(pairs):
-        stock = run_once("stock", trace, engine, spec, None)
-        tt = run_once("tt", trace, engine, spec, None)
-        ratios.append(tt.host_us_per_step / stock.host_us_per_step)
-        runs += [asdict(stock), asdict(tt)]
-    return {"ratio_median": statistics.median(ratios), "ratios": ratios, "runs": runs}
+@dataclass(frozen=True)
+class Plan:
+    """Which runs make up the benchmark."""
+
+    num_requests: int
+    host_load: float
+    pairs: int
+    loads: tuple[float, ...]
+    holds: tuple[float, ...]
+    hold_load: float
+    bursts: tuple[int, ...]
+    burst_load: float
 
 
-def latency(
-    trace: list[Arrival], engine: EngineSpec, spec: TraceSpec, bursts: list[int]
-) -> dict[str, object]:
-    """Mean TTFT / ITL in steps: stock, then the TT scheduler for each burst value."""
-    stock = run_once("stock", trace, engine, spec, None)
-    rows = [asdict(stock)]
-    for burst in bursts:
-        tt = run_once("tt", trace, engine, spec, burst)
-        row = asdict(tt)
-        row["ttft_vs_stock"] = tt.ttft_steps / stock.ttft_steps
-        rows.append(row)
-    return {"rows": rows}
+FULL = Plan(2000, 0.9, 3, (0.6, 0.8, 1.0), (0.0, 0.15, 1.0), 0.6, (1, 4), 0.6)
+QUICK = Plan(60, 0.9, 1, (0.6,), (0.0,), 0.6, (1,), 0.6)
 
 
-def markdown(result: dict) -> str:
+def benchmark(plan: Plan) -> dict[str, Any]:
+    traces: dict[float, tuple[TraceSpec, list[Arrival]]] = {}
+
+    def trace_for(load: float) -> tuple[TraceSpec, list[Arrival]]:
+        if load not in traces:
+            spec = TraceSpec(num_requests=plan.num_requests, load=load)
+            traces[load] = (spec, make_trace(spec, EngineSpec().max_num_seqs))
+        return traces[load]
+
+    results: list[RunResult] = []
+
+    def measure(run: Run) -> RunResult:
+        spec, trace = trace_for(run.load)
+        result = run_alternating([Driver(run, trace, spec)])[0]
+        results.append(result)
+        return result
+
+    host_cost: dict[str, Any] = {}
+    for engine in ("ample", "pressure"):
+        spec, trace = trace_for(plan.host_load)
+        ratios, token_ratios = [], []
+        for pair in range(plan.pairs):
+            runs = [Run(engine, plan.host_load, "stock"), Run(engine, plan.host_load, "tt")]
+            if pair % 2:
+                runs.reverse()  # alternate who goes first in each chunk
+            by_name = {r.scheduler: r for r in run_alternating([Driver(r, trace, spec) for r in runs])}
+            stock, tt = by_name["stock"], by_name["tt"]
+            results += [stock, tt]
+            ratios.append(tt.host_us_per_step / stock.host_us_per_step)
+            token_ratios.append(tt.host_us_per_token / stock.host_us_per_token)
+        host_cost[engine] = {
+            "load": plan.host_load,
+            "ratio_per_step_median": statistics.median(ratios),
+            "ratios_per_step": ratios,
+            "ratio_per_token_median": statistics.median(token_ratios),
+        }
+    for load in plan.loads:
+        measure(Run("ample", load, "stock"))
+        measure(Run("ample", load, "tt"))
+    for hold in plan.holds:
+        measure(Run("ample", plan.hold_load, "tt", prefill_hold=hold))
+    for burst in plan.bursts:
+        measure(Run("ample", plan.burst_load, "tt", prefill_burst=burst))
+    measure(Run("trace256", plan.burst_load, "stock"))
+    for burst in sorted({*plan.bursts, 2, 8} if plan is FULL else {*plan.bursts}):
+        measure(Run("trace256", plan.burst_load, "tt", prefill_burst=burst))
+
+    latency = _latency_rows(results)
+    return {"host_cost": host_cost, "latency": latency, "runs": [asdict(r) for r in results]}
+
+
+def _latency_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    """One row per distinct (engine, load, scheduler, knobs), TTFT relative to stock."""
+    from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD
+
+    rows: dict[tuple[object, ...], dict[str, Any]] = {}
+    for result in results:
+        burst = hold = None
+        if result.scheduler == "tt":
+            burst = result.prefill_burst or DEFAULT_PREFILL_BURST
+            hold = DEFAULT_PREFILL_HOLD if result.prefill_hold is None else result.prefill_hold
+        key = (result.engine, result.load, result.scheduler, burst, hold)
+        if key not in rows:  # repeated host-cost runs give identical latencies
+            rows[key] = {**asdict(result), "prefill_burst": burst, "prefill_hold": hold}
+    stock = {(r["engine"], r["load"]): r for r in rows.values() if r["scheduler"] == "stock"}
+    for row in rows.values():
+        base = stock.get((row["engine"], row["load"]))
+        row["ttft_vs_stock"] = row["ttft_steps"] / base["ttft_steps"] if base else None
+        for field in ("host_us_per_step", "host_us_per_token"):
+            row.pop(field)
+    return sorted(rows.values(), key=lambda r: (r["engine"], r["load"], r["scheduler"] == "tt"))
+
+
+def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| KV pool | host cost TT/stock per step (median of pairs) | pairs |",
-        "|---|---|---|",
+        f"Trace: {result['trace']['num_requests']} requests, prompts "
+        f"{result['trace']['prompt_min']}-{result['trace']['prompt_max']}, outputs "
+        f"{result['trace']['output_min']}-{result['trace']['output_max']} tokens, Poisson "
+        "arrivals; 32 running slots, 2048-token step budget. vLLM "
+        f"{result['vllm']}, {result['seconds']:.0f} s.",
+        "",
+        "| KV pool | load | host cost TT/stock per step (median) | per step, each pair "
+        "| per generated token (median) |",
+        "|---|---|---|---|---|",
     ]
     for name, entry in result["host_cost"].items():
-        ratios = ", ".join(f"{r:.2f}" for r in entry["ratios"])
-        lines.append(f"| {name} | **{entry['ratio_median']:.2f}x** | {ratios} |")
+        pairs = ", ".join(f"{r:.2f}" for r in entry["ratios_per_step"])
+        lines.append(
+            f"| {name} | {entry['load']} | **{entry['ratio_per_step_median']:.2f}x** | {pairs} "
+            f"| {entry['ratio_per_token_median']:.2f}x |"
+        )
     lines += [
         "",
-        "| KV pool | scheduler | prefill_burst | mean TTFT (steps) | TTFT vs stock "
-        "| mean ITL (steps) | steps | prefill / decode / mixed steps | preemptions |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| engine | load | scheduler | prefill_burst | prefill_hold | mean TTFT (steps) "
+        "| TTFT vs stock | mean ITL (steps) | max gap | steps | prefill / decode / mixed "
+        "| preemptions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, entry in result["latency"].items():
-        for row in entry["rows"]:
-            ratio = row.get("ttft_vs_stock")
-            lines.append(
-                f"| {name} | {row['scheduler']} | {row['prefill_burst'] or '-'} "
-                f"| {row['ttft_steps']:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} "
-                f"| {row['itl_steps']:.3f} | {row['steps']} "
-                f"| {row['prefill_steps']} / {row['decode_steps']} / {row['mixed_steps']} "
-                f"| {row['preemptions']} |"
-            )
+    for row in result["latency"]:
+        ratio = row["ttft_vs_stock"]
+        knob = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+        lines.append(
+            f"| {row['engine']} | {row['load']} | {row['scheduler']} | {knob(row['prefill_burst'])} "
+            f"| {knob(row['prefill_hold'])} | {row['ttft_steps']:.1f} "
+            f"| {'-' if row['scheduler'] == 'stock' or ratio is None else f'{ratio:.2f}x'} "
+            f"| {row['itl_steps']:.3f} | {row['max_gap_steps']} | {row['steps']} "
+            f"| {row['prefill_steps']} / {row['decode_steps']} / {row['mixed_steps']} "
+            f"| {row['preemptions']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small trace, 1 pair")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 60 requests, few runs")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN)
-    parser.add_argument("--pairs", type=int, default=None, help="alternating host-cost pairs")
-    parser.add_argument("--bursts", type=int, nargs="+", default=None)
-    parser.add_argument("--load", type=float, default=None)
+    parser.add_argument("--requests", type=int, default=None, help="override the trace length")
     args = parser.parse_args(argv)
 
-    spec = TraceSpec(num_requests=120 if args.quick else 2000)
-    if args.load is not None:
-        spec = TraceSpec(num_requests=spec.num_requests, load=args.load)
-    pairs = args.pairs or (1 if args.quick else 3)
-    bursts = args.bursts or ([1, 2] if args.quick else [1, 2, 4, 8])
-    engines = {
-        "ample": EngineSpec(kv_fraction=1.0),
-        "pressure": EngineSpec(kv_fraction=0.35),
-    }
+    plan = QUICK if args.quick else FULL
+    if args.requests is not None:
+        plan = replace(plan, num_requests=args.requests)
     started = time.perf_counter()
-    trace = make_trace(spec, EngineSpec().max_num_seqs)
-    result: dict = {
+    result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "quick": args.quick,
-        "trace": asdict(spec),
+        "trace": asdict(TraceSpec(num_requests=plan.num_requests)),
         "engines": {
-            name: {**asdict(engine), "pool_blocks": engine.pool_blocks(spec)}
-            for name, engine in engines.items()
+            name: {**asdict(engine), "pool_blocks": engine.pool_blocks(TraceSpec())}
+            for name, engine in ENGINES.items()
         },
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
-        "host_cost": {},
-        "latency": {},
+        "plan": asdict(plan),
     }
-    for name, engine in engines.items():
-        result["host_cost"][name] = host_cost(trace, engine, spec, pairs)
-        result["latency"][name] = latency(trace, engine, spec, bursts)
-    result["seconds"] = time.perf_counter() - started
+    result.update(benchmark(plan))
     import vllm
 
     result["vllm"] = vllm.__version__
+    result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    result["seconds"] = time.perf_counter() - started
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)

@@ -186,6 +186,9 @@ class Run:
             assert self.idle_with_ready_work <= MAX_IDLE_STEPS_WITH_READY_WORK, "livelock"
         for manager in self.target.kv_managers(scheduler):
             self.check_kv(scheduler, manager)
+        kept = getattr(scheduler, "_current_partials", None)  # the phase scheduler's memo
+        if kept is not None:
+            assert set(kept()) == {request for request in scheduler.running if request.is_prefill_chunk}
 
     @staticmethod
     def _grammar_pending(request: object) -> bool:

@@ -6,13 +6,14 @@ Kept apart from the vLLM wrapper so the rules read (and are tested) as a table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from vllm_tt_scheduler.phase import Phase
 
 
-@dataclass(frozen=True)
-class WorkView:
-    """The queue facts the decision needs, gathered in one cheap pass."""
+class WorkView(NamedTuple):
+    """The queue facts the decision needs, gathered in one cheap pass (a tuple: one is
+    built on every engine step)."""
 
     decodes: int
     """Running requests past their prefill (each wants one decode token)."""

@@ -7,14 +7,17 @@ scheduling loop twice on every saturated step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+_WAITING = RequestStatus.WAITING
+_PREEMPTED = RequestStatus.PREEMPTED
 _GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 _STREAMING = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -37,6 +40,8 @@ class AdmissionPlan:
     so waiting longer could not make the step admit more."""
     must_scan: bool
     """A request needs vLLM's scan to change state (a failed grammar to report)."""
+    settled: bool = True
+    """Only plain waiting requests were seen: the plan holds while the queue does."""
 
 
 @dataclass(frozen=True)
@@ -59,16 +64,16 @@ def free_slots(sched: Scheduler) -> int:
     return limit - len(sched.running) - sched.num_waiting_for_streaming_input
 
 
-def running_partials(sched: Scheduler, chunk: int) -> Partials:
-    """Count the running partial prefills, and what they still need."""
-    count = tokens = steps = 0
-    for request in sched.running:
-        if request.is_prefill_chunk:
-            left = request.num_tokens - request.num_computed_tokens
-            count += 1
-            tokens += min(left, chunk)
-            steps = max(steps, cdiv(left, chunk))
-    return Partials(count, tokens, steps) if count else _NO_PARTIALS
+def running_partials(partials: list[Request], chunk: int) -> Partials:
+    """What the running partial prefills still need."""
+    if not partials:
+        return _NO_PARTIALS
+    tokens = steps = 0
+    for request in partials:
+        left = request.num_tokens - request.num_computed_tokens
+        tokens += min(left, chunk)
+        steps = max(steps, cdiv(left, chunk))
+    return Partials(len(partials), tokens, steps)
 
 
 def plan_admissions(
@@ -91,7 +96,7 @@ def plan_admissions(
     tokens, steps = partials.tokens, partials.steps
     if slots <= 0:
         return AdmissionPlan(0, tokens, steps, None, False, False)
-    queues: Iterable[Iterable[Request]]
+    queues: tuple[RequestQueue, ...]
     if sched.pause_state is PauseState.UNPAUSED:
         queues = (sched.kv_holding_waiting, sched.waiting)
     elif sched.pause_state is PauseState.PAUSED_NEW:
@@ -100,10 +105,12 @@ def plan_admissions(
         return AdmissionPlan(0, tokens, steps, None, False, False)
     count = 0
     head: Request | None = None
-    must_scan = False
-    for queue in queues:
-        for request in queue:
-            status = request.status
+    full = must_scan = False
+    settled = not sched.kv_holding_waiting
+    for request in chain(*queues):
+        status = request.status
+        if status is not _WAITING and status is not _PREEMPTED:
+            settled = False  # readiness can change without the queue changing
             if status is _GRAMMAR:
                 grammar_state = _grammar_state(sched, request)
                 if grammar_state == "failed":
@@ -115,25 +122,64 @@ def plan_admissions(
                     continue
             elif status is _STREAMING:
                 continue
-            if request.num_stale_output_tokens and not request.drop_stale_output:
-                continue
-            if head is None:
-                head = request
-            if count >= slots:
-                return AdmissionPlan(count, tokens, steps, head, False, must_scan)
-            need = request.num_tokens - request.num_computed_tokens
-            need_steps = cdiv(need, chunk)
-            first = min(need, chunk, budget - tokens)
-            if (
-                first <= 0
-                or cdiv(need - first, chunk) >= need_steps  # starting now costs a chunk
-                or (partials.steps and need_steps > partials.steps)
-            ):
-                return AdmissionPlan(count, tokens, steps, head, True, must_scan)
-            tokens += first
-            steps = max(steps, need_steps)
+        if request.num_stale_output_tokens and not request.drop_stale_output:
+            settled = False
+            continue
+        if head is None:
+            head = request
+        if count >= slots:
+            break
+        need = request.num_tokens - request.num_computed_tokens
+        if need <= chunk:  # the common case: the whole prompt, or nothing this step
+            if tokens + need > budget:
+                full = True
+                break
+            tokens += need
+            steps = steps or 1
             count += 1
-    return AdmissionPlan(count, tokens, steps, head, False, must_scan)
+            continue
+        need_steps = cdiv(need, chunk)
+        first = min(chunk, budget - tokens)
+        if (
+            first <= 0
+            or cdiv(need - first, chunk) >= need_steps  # starting now costs a chunk
+            or (partials.steps and need_steps > partials.steps)
+        ):
+            full = True
+            break
+        tokens += first
+        steps = max(steps, need_steps)
+        count += 1
+    return AdmissionPlan(count, tokens, steps, head, full, must_scan, settled)
+
+
+class AdmissionPlanner:
+    """``plan_admissions`` with a one-entry memo.
+
+    While new prompts are held back, the same queue is planned step after step; the
+    plan is reused as long as the slots, the budget and the queues (length and head)
+    are unchanged, there are no partial prefills, and the last scan met no request
+    whose readiness can change in place (a grammar compiling, stale output, ...).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._plan: AdmissionPlan | None = None
+
+    def plan(
+        self, sched: Scheduler, slots: int, budget: int, chunk: int, partials: Partials
+    ) -> AdmissionPlan:
+        key = None
+        if not partials.count:
+            waiting = sched.waiting
+            head = waiting.peek_request() if waiting else None
+            key = (slots, budget, len(waiting), head, sched.pause_state)
+            if key == self._key and self._plan is not None:
+                return self._plan
+        plan = plan_admissions(sched, slots, budget, chunk, partials)
+        self._key = key if plan.settled else None
+        self._plan = plan
+        return plan
 
 
 def _grammar_state(sched: Scheduler, request: Request) -> str:

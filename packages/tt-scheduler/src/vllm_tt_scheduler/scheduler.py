@@ -13,19 +13,22 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.kv_fit import KVFit
 from vllm_tt_scheduler.options import SchedulerOptions
-from vllm_tt_scheduler.passes import DecodeOnly, prefill_only
+from vllm_tt_scheduler.passes import DecodePass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
-from vllm_tt_scheduler.queues import free_slots, plan_admissions, running_partials
+from vllm_tt_scheduler.queues import AdmissionPlanner, free_slots, running_partials
 from vllm_tt_scheduler.requirements import check_vllm_config
 from vllm_tt_scheduler.trace import QueueSnapshot, open_step_trace
 
 logger = init_logger("vllm." + __name__)
+
+_RUNNING = RequestStatus.RUNNING
 
 # After a prefill pass admitted nothing, admission is retried once KV blocks were freed,
 # or after this many steps at the latest.
@@ -42,7 +45,9 @@ class PhaseScheduling(Scheduler):
         self.tt_options = options
         self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
         self.last_phase = Phase.EMPTY
-        self._decode_only = DecodeOnly(self)
+        self._decode_pass = DecodePass(self)
+        self._partials: list[Request] = []
+        self._planner = AdmissionPlanner()
         self._kv_fit = KVFit.for_scheduler(self)
         self._chunk = _chunk_tokens(self, options.prefill_chunk_cap)
         self._prefill_tokens = self.max_num_scheduled_tokens
@@ -81,21 +86,32 @@ class PhaseScheduling(Scheduler):
         return output
 
     def _run_pass(self, plan: Phase, throttle_prefills: bool) -> SchedulerOutput:
+        base_schedule = super().schedule
+
+        def schedule() -> SchedulerOutput:
+            return base_schedule(throttle_prefills)
+
         if plan is Phase.DECODE:
-            with self._decode_only():
-                return super().schedule(throttle_prefills)
+            return self._decode_pass(schedule, self._current_partials())
         # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
-        with prefill_only(self, self._prefill_tokens, self.tt_options.prefill_chunk_cap):
-            return super().schedule(throttle_prefills)
+        output, self._partials = prefill_pass(
+            self, schedule, self._current_partials(), self._prefill_tokens, self.tt_options.prefill_chunk_cap
+        )
+        return output
+
+    def _current_partials(self) -> list[Request]:
+        """The running partial prefills. Only prefill passes make them, so the list kept
+        from the last one is filtered, instead of scanning all running requests."""
+        partials = self._partials
+        if partials:
+            partials = [r for r in partials if r.status is _RUNNING and r.is_prefill_chunk]
+            self._partials = partials
+        return partials
 
     def _fallback(self, plan: Phase) -> Phase | None:
         """The other phase, when a pass scheduled nothing and the other might not."""
         if plan is Phase.DECODE:
-            if (
-                self.waiting
-                or self.kv_holding_waiting
-                or any(request.is_prefill_chunk for request in self.running)
-            ):
+            if self.waiting or self.kv_holding_waiting or self._current_partials():
                 return Phase.PREFILL
             return None
         if any(not request.is_prefill_chunk for request in self.running):
@@ -103,18 +119,19 @@ class PhaseScheduling(Scheduler):
         return None
 
     def _work_view(self) -> WorkView:
-        partials = running_partials(self, self._chunk)
-        decodes = len(self.running) - partials.count
-        budget = self.max_num_scheduled_tokens
-        self._prefill_tokens = budget
-        if not (self.waiting or self.kv_holding_waiting):
-            return WorkView(decodes, partials.count, 0)
-        plan = plan_admissions(self, free_slots(self), budget, self._chunk, partials)
+        partials = self._current_partials()
+        decodes = len(self.running) - len(partials)
+        budget = self._prefill_tokens = self.max_num_scheduled_tokens
+        slots = free_slots(self)
+        if not partials and (slots <= 0 or not (self.waiting or self.kv_holding_waiting)):
+            return WorkView(decodes, 0, 0)  # the common saturated decode step: nothing to plan
+        pending = running_partials(partials, self._chunk)
+        plan = self._planner.plan(self, slots, budget, self._chunk, pending)
         if plan.head is None or not self._admission_open(plan.head):
-            return WorkView(decodes, partials.count, 0, must_scan=plan.must_scan)
+            return WorkView(decodes, pending.count, 0, must_scan=plan.must_scan)
         if plan.tokens:
             self._prefill_tokens = plan.tokens
-        return WorkView(decodes, partials.count, plan.count, plan.full, plan.must_scan, max(plan.steps, 1))
+        return WorkView(decodes, pending.count, plan.count, plan.full, plan.must_scan, max(plan.steps, 1))
 
     def _admission_open(self, head: Any) -> bool:
         if self._blocked_free_blocks is not None:
