@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -39,12 +40,14 @@ PROMPT = 32
 DEVICE_TIMES = ("llama-3.1-8b@N150", "llama-3.3-70b@TG", "2ms", "10ms")
 """The two cost models of the targets, and two fixed durations either side of the host time."""
 COST_MODELS = DEVICE_TIMES[:2]
-GIL_SWITCH_S = 0.0002
+GIL_SWITCH_S = 0.00005
 
 
 @dataclass
 class Measurement:
     step_ms: float
+    """Median wall time of one engine step (robust to bursts of other work on a shared host)."""
+    mean_step_ms: float
     device_ms: float
     """Modelled device time per decode step (the cost model at the steps' KV lengths)."""
     busy_ms: float
@@ -86,13 +89,15 @@ def steady_decode(model_dir: Path, device_time: str, overlap: bool, steps: int) 
         queue = runner.mesh_device.command_queue
         busy, modelled, programs = queue.stats.busy_s, queue.stats.modelled_s, queue.stats.programs
         overlapped = runner.overlap.stats.overlapped
-        start = time.perf_counter()
+        times = []
         for _ in range(steps):
+            start = time.perf_counter()
             engine.step()
-        elapsed = time.perf_counter() - start
+            times.append(time.perf_counter() - start)
         decode_programs = max(queue.stats.programs - programs, 1)
         return Measurement(
-            step_ms=elapsed / steps * 1e3,
+            step_ms=statistics.median(times) * 1e3,
+            mean_step_ms=statistics.fmean(times) * 1e3,
             device_ms=(queue.stats.modelled_s - modelled) / decode_programs * 1e3,
             busy_ms=(queue.stats.busy_s - busy) / decode_programs * 1e3,
             overlapped=(runner.overlap.stats.overlapped - overlapped) / steps,
@@ -139,7 +144,8 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`  ",
         f"Host: {result['host']}. Engine in-process, host mesh backend, skipped model math, device "
-        "sampling. Wall-clock on a shared machine: read the ratios, not the last digit.",
+        f"sampling; {result['steps']} measured steps per run, step times are medians. Wall-clock on a "
+        "shared machine: read the ratios, not the last digit.",
         "",
         f"Host time per step H (instant device, overlap off; best of a run before and after the "
         f"cases): {min(result['host_step_ms']):.2f} ms. "
