@@ -28,11 +28,18 @@ from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.checkpoint import load_decoder_weights, resolve_checkpoint_dir
 from vllm_tt_platform.host.models.config import DecoderConfig
 from vllm_tt_platform.host.models.decoder import HostDecoder
-from vllm_tt_platform.host.models.inputs import check_decode, check_kv, plan_prefill, prompt_history
+from vllm_tt_platform.host.models.inputs import (
+    check_decode,
+    check_kv,
+    check_kv_shape,
+    plan_prefill,
+    prompt_history,
+)
 from vllm_tt_platform.host.models.lanes import LaneLayout
 from vllm_tt_platform.host.models.paged_kv import LaneKV
 from vllm_tt_platform.host.models.prompt_logits import all_position_logits
 from vllm_tt_platform.host.models.readback import DecodeHandle, DecodeReader
+from vllm_tt_platform.host.models.sampling_step import device_sample, plain_greedy
 from vllm_tt_platform.host.models.shapes import (
     PREFILL_BUCKETS,
     HostModelInputError,
@@ -181,23 +188,10 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         the runner's guess; host parity needs float32).
 
         The shape may carry one device's share of the KV heads; the host keeps them all."""
-        if len(kv_cache_shape) != 4:
-            raise HostModelInputError(
-                f"kv_cache_shape must be (num_blocks, kv_heads, block_size, head_dim), got {kv_cache_shape}"
-            )
-        num_blocks, heads, block_size, head_dim = (int(v) for v in kv_cache_shape)
         cfg = self.config
-        if num_layers != cfg.num_layers:
-            raise HostModelInputError(f"num_layers={num_layers}, but the model has {cfg.num_layers} layers")
-        if head_dim != cfg.head_dim or heads < 1 or cfg.num_kv_heads % heads:
-            raise HostModelInputError(
-                f"kv_cache_shape {tuple(kv_cache_shape)} does not fit the model: expected "
-                f"head_dim {cfg.head_dim} and a divisor of its {cfg.num_kv_heads} kv heads"
-            )
-        if num_blocks < 1 or block_size < 1:
-            raise HostModelInputError(f"kv_cache_shape {tuple(kv_cache_shape)} has an empty dimension")
+        num_blocks, block_size = check_kv_shape(kv_cache_shape, num_layers, cfg)
         return paged_kv.allocate(
-            self.lanes.count, num_layers, (num_blocks, cfg.num_kv_heads, block_size, head_dim)
+            self.lanes.count, num_layers, (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         )
 
     # ---- warmup ------------------------------------------------------------------------
@@ -320,7 +314,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         ends = [row.end for row in rows]
         if history is None and sampling_params.has_penalties:
             history = prompt_history(tokens, ends)
-        return self._sample(logits, sampling_params, torch.tensor(ends) - 1, history, output_tokens)
+        return device_sample(logits, sampling_params, torch.tensor(ends) - 1, history, output_tokens)
 
     def decode_forward(
         self,
@@ -379,7 +373,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             tokens, positions = self.slots.inputs(tokens, positions, reset=reset)
             if not torch.equal(positions, host_positions):
                 check_decode(tokens, positions, page_table, kv_cache, self.lanes, self.max_seq_len)
-        if self.synthetic is not None and _plain_greedy(sampling_params):
+        if self.synthetic is not None and plain_greedy(sampling_params):
             out = self.synthetic.greedy(tokens, positions)
             self.slots.sampled(out, positions)
             return out
@@ -389,38 +383,6 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             logits = self.decoder.decode(tokens, positions, page_table, kv_cache, self.lanes.rows_per_lane)
         if sampling_params is None:
             return logits[:, None, :]
-        out = self._sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)
+        out = device_sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)
         self.slots.sampled(out[0] if isinstance(out, tuple) else out, positions)
         return out
-
-    # ---- helpers -----------------------------------------------------------------------
-
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        params: Any,
-        last_input: torch.Tensor,
-        prompt_tokens: Any,
-        output_tokens: Any,
-    ) -> Any:
-        """Device sampling: tokens ``[B]``, or ``(tokens, logprobs)`` when any row asks for
-        logprobs (the runner requires the tuple then). Seeded draws are keyed by each row's
-        last input position, as the sampler documents."""
-        from vllm_tt_sampling.device import sample_tokens
-
-        result = sample_tokens(
-            logits,
-            params,
-            last_input.long(),
-            None if prompt_tokens is None else torch.as_tensor(prompt_tokens),
-            None if output_tokens is None else torch.as_tensor(output_tokens),
-        )
-        if any(params.enable_log_probs):
-            return result.tokens, result.logprobs
-        return result.tokens
-
-
-def _plain_greedy(params: Any) -> bool:
-    """Device sampling that is an argmax of the raw logits: greedy, no penalties, no logprobs."""
-    return (params is not None and all(t < 1e-5 for t in params.temperature)
-            and not params.has_penalties and not any(params.enable_log_probs))
