@@ -219,6 +219,34 @@ class Driver:
         )
 
 
+def count_calls(run: Run, trace: list[Arrival], spec: TraceSpec) -> dict[str, float]:
+    """Python function calls per engine step inside the two scheduler calls, by origin.
+
+    Deterministic, unlike wall time on a shared machine: the same trace gives the same
+    counts. The fake runner and this script are left out."""
+    import cProfile
+    import pstats
+
+    driver = Driver(run, trace, spec)
+    profile = cProfile.Profile()
+    profile.enable()
+    run_alternating([driver])
+    profile.disable()
+    calls = {"vllm": 0, "vllm_tt_scheduler": 0, "builtin": 0}
+    for (path, _, _), (_, ncalls, *_) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        if "vllm_tt_scheduler" in path:
+            if not path.endswith(("sim.py", "phase.py")):  # the runner's side
+                calls["vllm_tt_scheduler"] += ncalls
+        elif "scheduler_bench" in path:
+            continue
+        elif f"{'/'}vllm{'/'}" in path:
+            calls["vllm"] += ncalls
+        else:
+            calls["builtin"] += ncalls
+    steps = driver.sim.host.steps
+    return {origin: count / steps for origin, count in calls.items()}
+
+
 def run_alternating(drivers: list[Driver], chunk: int = 32) -> list[RunResult]:
     """Run the drivers to completion, ``chunk`` steps each in turn, so that a change in
     machine load (other processes) hits all of them alike."""
@@ -247,10 +275,11 @@ class Plan:
     hold_load: float
     bursts: tuple[int, ...]
     burst_load: float
+    call_count_requests: int
 
 
-FULL = Plan(2000, 0.9, 3, (0.6, 0.8, 1.0), (0.0, 0.15, 1.0), 0.6, (1, 4), 0.6)
-QUICK = Plan(60, 0.9, 1, (0.6,), (0.0,), 0.6, (1,), 0.6)
+FULL = Plan(2000, 0.9, 3, (0.6, 0.8, 1.0), (0.0, 0.15, 1.0), 0.6, (1, 4), 0.6, 600)
+QUICK = Plan(40, 0.9, 1, (), (0.0,), 0.9, (1,), 0.9, 20)
 
 
 def benchmark(plan: Plan) -> dict[str, Any]:
@@ -289,6 +318,14 @@ def benchmark(plan: Plan) -> dict[str, Any]:
             "ratios_per_step": ratios,
             "ratio_per_token_median": statistics.median(token_ratios),
         }
+        calls_spec = TraceSpec(num_requests=plan.call_count_requests, load=plan.host_load)
+        calls_trace = make_trace(calls_spec, EngineSpec().max_num_seqs)
+        calls = {
+            name: count_calls(Run(engine, plan.host_load, name), calls_trace, calls_spec)
+            for name in ("stock", "tt")
+        }
+        host_cost[engine]["calls_per_step"] = calls
+        host_cost[engine]["calls_ratio"] = sum(calls["tt"].values()) / sum(calls["stock"].values())
     for load in plan.loads:
         measure(Run("ample", load, "stock"))
         measure(Run("ample", load, "tt"))
@@ -335,14 +372,18 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['vllm']}, {result['seconds']:.0f} s.",
         "",
         "| KV pool | load | host cost TT/stock per step (median) | per step, each pair "
-        "| per generated token (median) |",
-        "|---|---|---|---|---|",
+        "| per generated token (median) | Python calls per step, stock -> TT (vLLM + own) "
+        "| calls TT/stock |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, entry in result["host_cost"].items():
         pairs = ", ".join(f"{r:.2f}" for r in entry["ratios_per_step"])
+        stock, tt = entry["calls_per_step"]["stock"], entry["calls_per_step"]["tt"]
         lines.append(
             f"| {name} | {entry['load']} | **{entry['ratio_per_step_median']:.2f}x** | {pairs} "
-            f"| {entry['ratio_per_token_median']:.2f}x |"
+            f"| {entry['ratio_per_token_median']:.2f}x "
+            f"| {sum(stock.values()):.0f} -> {sum(tt.values()):.0f} "
+            f"({tt['vllm']:.0f} + {tt['vllm_tt_scheduler']:.0f}) | {entry['calls_ratio']:.3f} |"
         )
     lines += [
         "",
@@ -367,7 +408,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 60 requests, few runs")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 40 requests, few runs")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN)
     parser.add_argument("--requests", type=int, default=None, help="override the trace length")

@@ -29,10 +29,6 @@ class WorkView(NamedTuple):
     steps: int = 1
     """Prefill steps those admissions take (more than one when prompts are chunked)."""
 
-    @property
-    def wants_prefill(self) -> bool:
-        return bool(self.partials or self.admissible or self.must_scan)
-
 
 @dataclass
 class PhasePolicy:
@@ -57,9 +53,10 @@ class PhasePolicy:
 
     def plan(self, view: WorkView) -> Phase:
         """The phase to try for the next step."""
+        wants_prefill = view.partials or view.admissible or view.must_scan
         if not view.decodes:
-            return Phase.PREFILL if view.wants_prefill else Phase.EMPTY
-        if not view.wants_prefill or self.burst >= self.prefill_burst:
+            return Phase.PREFILL if wants_prefill else Phase.EMPTY
+        if not wants_prefill or self.burst >= self.prefill_burst:
             return Phase.DECODE
         if view.partials or view.must_scan or view.full:
             return Phase.PREFILL

@@ -58,12 +58,6 @@ class Partials:
 _NO_PARTIALS = Partials(0, 0, 0)
 
 
-def free_slots(sched: Scheduler) -> int:
-    """Requests that may still be admitted into running."""
-    limit = min(sched.max_num_active_reqs, sched.max_num_running_reqs)
-    return limit - len(sched.running) - sched.num_waiting_for_streaming_input
-
-
 def running_partials(partials: list[Request], chunk: int) -> Partials:
     """What the running partial prefills still need."""
     if not partials:

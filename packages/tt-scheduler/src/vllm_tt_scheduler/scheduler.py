@@ -7,6 +7,7 @@ finishing); this layer only picks the phase of each step and lets vLLM's own
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from vllm.logger import init_logger
@@ -17,12 +18,13 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
+from vllm_tt_scheduler.compat import SchedulerBackports
 from vllm_tt_scheduler.kv_fit import KVFit
 from vllm_tt_scheduler.options import SchedulerOptions
 from vllm_tt_scheduler.passes import DecodePass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
-from vllm_tt_scheduler.queues import AdmissionPlanner, free_slots, running_partials
+from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials
 from vllm_tt_scheduler.requirements import check_vllm_config
 from vllm_tt_scheduler.trace import QueueSnapshot, open_step_trace
 
@@ -35,7 +37,7 @@ _RUNNING = RequestStatus.RUNNING
 _ADMISSION_RETRY_STEPS = 16
 
 
-class PhaseScheduling(Scheduler):
+class PhaseScheduling(SchedulerBackports):
     """The phase policy on top of a vLLM scheduler class (see the two subclasses)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -86,11 +88,7 @@ class PhaseScheduling(Scheduler):
         return output
 
     def _run_pass(self, plan: Phase, throttle_prefills: bool) -> SchedulerOutput:
-        base_schedule = super().schedule
-
-        def schedule() -> SchedulerOutput:
-            return base_schedule(throttle_prefills)
-
+        schedule = partial(super().schedule, throttle_prefills)
         if plan is Phase.DECODE:
             return self._decode_pass(schedule, self._current_partials())
         # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
@@ -122,7 +120,12 @@ class PhaseScheduling(Scheduler):
         partials = self._current_partials()
         decodes = len(self.running) - len(partials)
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
-        slots = free_slots(self)
+        # Requests that may still be admitted into running.
+        slots = (
+            min(self.max_num_active_reqs, self.max_num_running_reqs)
+            - len(self.running)
+            - self.num_waiting_for_streaming_input
+        )
         if not partials and (slots <= 0 or not (self.waiting or self.kv_holding_waiting)):
             return WorkView(decodes, 0, 0)  # the common saturated decode step: nothing to plan
         pending = running_partials(partials, self._chunk)
