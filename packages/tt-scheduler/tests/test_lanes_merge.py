@@ -143,13 +143,13 @@ def test_engine_outputs_merge_per_client_with_one_stats_record() -> None:
         0: EngineCoreOutputs(outputs=[output("b")], finished_requests={"b"}),
         1: EngineCoreOutputs(outputs=[output("c")], finished_requests={"c"}),
     }
+    assert lane_stats(lane0).num_running_reqs == 1 and lane_stats(lane1) is None
     stats = SchedulerStats(num_running_reqs=3)
     merged = merge_engine_outputs([lane0, lane1], stats)
     assert sorted(merged) == [0, 1]
     assert [o.request_id for o in merged[0].outputs] == ["a", "b"]
     assert merged[0].finished_requests == {"b"} and merged[1].finished_requests == {"c"}
     assert merged[0].scheduler_stats is stats and merged[1].scheduler_stats is None
-    assert lane_stats(lane0).num_running_reqs == 1 and lane_stats(lane1) is None
     assert merge_engine_outputs([{}, {}], None) == {}
     only_stats = merge_engine_outputs([{}, {}], stats)
     assert list(only_stats) == [0] and only_stats[0].scheduler_stats is stats and not only_stats[0].outputs

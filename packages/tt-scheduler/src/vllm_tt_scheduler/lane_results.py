@@ -21,13 +21,15 @@ def merge_engine_outputs(
     lanes: Sequence[Mapping[int, EngineCoreOutputs]], stats: SchedulerStats | None
 ) -> dict[int, EngineCoreOutputs]:
     """Outputs per client index, lanes in order; ``stats`` replaces the lanes' own stats and
-    goes to one client only (as vLLM's scheduler does)."""
+    goes to one client only (as vLLM's scheduler does). Reuses the lanes' (fresh) objects."""
     merged: dict[int, EngineCoreOutputs] = {}
     for outputs in lanes:
         for client, lane_out in outputs.items():
+            lane_out.scheduler_stats = None
             out = merged.get(client)
             if out is None:
-                out = merged[client] = EngineCoreOutputs(outputs=[])
+                merged[client] = lane_out
+                continue
             out.outputs.extend(lane_out.outputs)
             if lane_out.finished_requests:
                 out.finished_requests = (out.finished_requests or set()) | lane_out.finished_requests

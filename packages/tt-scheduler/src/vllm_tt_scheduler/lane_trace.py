@@ -22,8 +22,8 @@ class _Output(Protocol):
 
 
 class LaneStepTrace(Protocol):
-    def record(self, step: int, phase: Phase, output: _Output, lanes: Sequence[tuple[_Output, QueueProbe]],
-               retried: bool) -> None: ...
+    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+               lanes: Sequence[QueueProbe], retried: bool) -> None: ...
 
     def close(self) -> None: ...
 
@@ -31,8 +31,8 @@ class LaneStepTrace(Protocol):
 class NullLaneTrace:
     """Tracing off."""
 
-    def record(self, step: int, phase: Phase, output: _Output, lanes: Sequence[tuple[_Output, QueueProbe]],
-               retried: bool) -> None:
+    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+               lanes: Sequence[QueueProbe], retried: bool) -> None:
         return None
 
     def close(self) -> None:
@@ -59,11 +59,11 @@ class JsonlLaneTrace:
         self.path = path
         self._file: IO[str] | None = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
-    def record(self, step: int, phase: Phase, output: _Output, lanes: Sequence[tuple[_Output, QueueProbe]],
-               retried: bool) -> None:
+    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+               lanes: Sequence[QueueProbe], retried: bool) -> None:
         if self._file is None:
             return
-        slices = [_slice(lane_output, probe) for lane_output, probe in lanes]
+        slices = [_slice(lane_output, probe) for lane_output, probe in zip(lane_outputs, lanes, strict=True)]
         line = {
             "step": step,
             "phase": phase.value,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.logger import init_logger
 from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
@@ -39,8 +39,7 @@ from vllm_tt_scheduler.policy import PhasePolicy, WorkView
 logger = init_logger("vllm." + __name__)
 
 
-@dataclass(frozen=True)
-class _Step:
+class _Step(NamedTuple):
     """A merged step in flight, with the lane outputs it was made of (index = lane)."""
 
     merged: SchedulerOutput
@@ -50,15 +49,17 @@ class _Step:
 def combine_views(views: Iterable[WorkView]) -> WorkView:
     """The whole engine's work: a prefill step stalls every lane's decodes, and runs every
     lane's admissions and chunks."""
-    views = list(views)
-    return WorkView(
-        decodes=sum(v.decodes for v in views),
-        partials=sum(v.partials for v in views),
-        admissible=sum(v.admissible for v in views),
-        full=any(v.full for v in views),
-        must_scan=any(v.must_scan for v in views),
-        steps=max((v.steps for v in views), default=1),
-    )
+    decodes = partials = admissible = 0
+    full = must_scan = False
+    steps = 1
+    for v in views:
+        decodes += v.decodes
+        partials += v.partials
+        admissible += v.admissible
+        full |= v.full
+        must_scan |= v.must_scan
+        steps = max(steps, v.steps)
+    return WorkView(decodes, partials, admissible, full, must_scan, steps)
 
 
 def _outcome(plan: Phase, tokens: int) -> Phase:
@@ -150,7 +151,7 @@ class TTLaneCoordinator(SchedulerInterface):
         self.phase_policy.observe(phase, view)
         self.last_phase = phase
         self._in_flight[id(merged)] = _Step(merged, tuple(outputs))
-        self._trace.record(self._step_index, phase, merged, list(zip(outputs, self.lanes, strict=True)), retried)
+        self._trace.record(self._step_index, phase, merged, outputs, self.lanes, retried)
         self._step_index += 1
         return merged
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from functools import cache
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -64,15 +66,35 @@ _UNMERGEABLE = ("kv_connector_metadata", "aux_output_connector_metadata", "ec_co
                 "ec_manager_metadata", "kv_connector_block_state", "block_table_updates")
 
 
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
 def known_fields(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` restricted to the fields ``cls`` has in the installed vLLM release."""
-    names = {f.name for f in fields(cls)}
-    return {name: value for name, value in values.items() if name in names}
+    names = _field_names(cls)
+    for name in [name for name in values if name not in names]:
+        del values[name]
+    return values
+
+
+_OUTPUT_FIELDS = _field_names(SchedulerOutput)
+_UNMERGEABLE_PRESENT = tuple(name for name in _UNMERGEABLE if name in _OUTPUT_FIELDS)
+_unmergeable_values = attrgetter(*_UNMERGEABLE_PRESENT)
+_NONE = (None,) * len(_UNMERGEABLE_PRESENT)
+# Fields newer than the oldest supported vLLM (0.31).
+_HAS_ENCODER_UPDATES = "encoder_input_updates" in _OUTPUT_FIELDS  # 0.33
+_HAS_SKIP_DRAFTS = "skip_drafts" in _OUTPUT_FIELDS  # 0.33
 
 
 def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering) -> SchedulerOutput:
-    """One ``SchedulerOutput`` for the lanes' outputs (index = lane), rows in lane order."""
+    """One ``SchedulerOutput`` for the lanes' outputs (index = lane), rows in lane order.
+
+    Runs every engine step, so it skips work for empty fields (most of them, most steps).
+    """
     new_reqs: list[NewRequestData] = []
+    cached = CachedRequestData.make_empty()
     num_scheduled: dict[str, int] = {}
     spec_tokens: dict[str, list[int]] = {}
     encoder_inputs: dict[str, list[int]] = {}
@@ -84,41 +106,58 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
     to_zero: list[int] = []
     copies: list[KVCacheBlockCopy] = []
     encoder_stats: ScheduledEncoderInputStats | None = None
+    total = spec_count = 0
+    structured = pending_structured = sync_loads = False
+    skip_drafts = True
     for lane, out in enumerate(outputs):
-        for name in _UNMERGEABLE:
-            if getattr(out, name, None) is not None:
-                raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
-        new_reqs.extend(
-            new if lane == 0 else replace(new, block_ids=numbering.groups(lane, new.block_ids))
-            for new in out.scheduled_new_reqs
-        )
+        if _unmergeable_values(out) != _NONE:
+            name = next(n for n in _UNMERGEABLE_PRESENT if getattr(out, n) is not None)
+            raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
+        if out.scheduled_new_reqs:
+            if lane:
+                new_reqs += [replace(new, block_ids=numbering.groups(lane, new.block_ids))
+                             for new in out.scheduled_new_reqs]
+            else:
+                new_reqs += out.scheduled_new_reqs
+        if out.scheduled_cached_reqs.req_ids:
+            _extend_cached(cached, out.scheduled_cached_reqs, lane, numbering)
         num_scheduled.update(out.num_scheduled_tokens)
-        spec_tokens.update(out.scheduled_spec_decode_tokens)
-        encoder_inputs.update(out.scheduled_encoder_inputs)
-        finished |= out.finished_req_ids
-        free_hashes.extend(out.free_encoder_mm_hashes)
-        encoder_updates.update(getattr(out, "encoder_input_updates", None) or {})
+        total += out.total_num_scheduled_tokens
+        if out.scheduled_spec_decode_tokens:
+            spec_tokens.update(out.scheduled_spec_decode_tokens)
+        if out.scheduled_encoder_inputs:
+            encoder_inputs.update(out.scheduled_encoder_inputs)
+        if out.finished_req_ids:
+            finished |= out.finished_req_ids
+        if out.free_encoder_mm_hashes:
+            free_hashes += out.free_encoder_mm_hashes
+        if _HAS_ENCODER_UPDATES and out.encoder_input_updates:
+            encoder_updates.update(out.encoder_input_updates)
         if out.preempted_req_ids is not None:
             preempted = (preempted or set()) | out.preempted_req_ids
         if out.num_invalid_spec_tokens is not None:
             invalid_spec = {**(invalid_spec or {}), **out.num_invalid_spec_tokens}
         if out.new_block_ids_to_zero:
-            to_zero.extend(numbering.ids(lane, out.new_block_ids_to_zero))
-        offset = lane * numbering.blocks_per_lane
-        copies.extend(
-            KVCacheBlockCopy(copy.src_block_id + offset, copy.dst_block_id + offset)
-            for copy in out.kv_cache_block_copies or ()
-        )
+            to_zero += numbering.ids(lane, out.new_block_ids_to_zero)
+        if out.kv_cache_block_copies:
+            offset = lane * numbering.blocks_per_lane
+            copies += [KVCacheBlockCopy(copy.src_block_id + offset, copy.dst_block_id + offset)
+                       for copy in out.kv_cache_block_copies]
         if out.scheduled_encoder_input_stats is not None:
             stats = out.scheduled_encoder_input_stats
             encoder_stats = encoder_stats or ScheduledEncoderInputStats()
             encoder_stats.num_inputs += stats.num_inputs
             encoder_stats.output_tokens += stats.output_tokens
+        structured |= out.has_structured_output_requests
+        pending_structured |= out.pending_structured_output_tokens
+        sync_loads |= out.has_sync_kv_loads
+        skip_drafts &= _HAS_SKIP_DRAFTS and out.skip_drafts
+        spec_count = max(spec_count, out.num_spec_tokens_to_schedule)
     values = {
         "scheduled_new_reqs": new_reqs,
-        "scheduled_cached_reqs": _merge_cached([out.scheduled_cached_reqs for out in outputs], numbering),
+        "scheduled_cached_reqs": cached,
         "num_scheduled_tokens": num_scheduled,
-        "total_num_scheduled_tokens": sum(out.total_num_scheduled_tokens for out in outputs),
+        "total_num_scheduled_tokens": total,
         "scheduled_spec_decode_tokens": spec_tokens,
         "scheduled_encoder_inputs": encoder_inputs,
         "finished_req_ids": finished,
@@ -126,33 +165,34 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
         "encoder_input_updates": encoder_updates,
         "scheduled_encoder_input_stats": encoder_stats,
         "preempted_req_ids": preempted,
-        "has_structured_output_requests": any(out.has_structured_output_requests for out in outputs),
-        "pending_structured_output_tokens": any(out.pending_structured_output_tokens for out in outputs),
+        "has_structured_output_requests": structured,
+        "pending_structured_output_tokens": pending_structured,
         "num_invalid_spec_tokens": invalid_spec,
-        "has_sync_kv_loads": any(getattr(out, "has_sync_kv_loads", False) for out in outputs),
+        "has_sync_kv_loads": sync_loads,
         "new_block_ids_to_zero": to_zero or None,
         "kv_cache_block_copies": copies or None,
-        "num_spec_tokens_to_schedule": max((out.num_spec_tokens_to_schedule for out in outputs), default=0),
+        "num_spec_tokens_to_schedule": spec_count,
         # Blocks shared by every row (cascade attention): none across separate KV pools.
         "num_common_prefix_blocks": [0] * len(outputs[0].num_common_prefix_blocks) if outputs else [],
-        "skip_drafts": all(getattr(out, "skip_drafts", False) for out in outputs),
+        "skip_drafts": skip_drafts and bool(outputs),
     }
     return SchedulerOutput(**known_fields(SchedulerOutput, values))
 
 
-def _merge_cached(lanes: Sequence[CachedRequestData], numbering: BlockNumbering) -> CachedRequestData:
-    merged = CachedRequestData.make_empty()
-    for lane, cached in enumerate(lanes):
-        merged.req_ids.extend(cached.req_ids)
+def _extend_cached(merged: CachedRequestData, cached: CachedRequestData, lane: int,
+                   numbering: BlockNumbering) -> None:
+    merged.req_ids += cached.req_ids
+    if cached.resumed_req_ids:
         merged.resumed_req_ids |= cached.resumed_req_ids
-        merged.new_token_ids.extend(cached.new_token_ids)
+    merged.new_token_ids += cached.new_token_ids
+    if cached.all_token_ids:
         merged.all_token_ids.update(cached.all_token_ids)
-        merged.new_block_ids.extend(
-            None if ids is None else numbering.groups(lane, ids) for ids in cached.new_block_ids
-        )
-        merged.num_computed_tokens.extend(cached.num_computed_tokens)
-        merged.num_output_tokens.extend(cached.num_output_tokens)
-    return merged
+    if lane:
+        merged.new_block_ids += [None if ids is None else numbering.groups(lane, ids) for ids in cached.new_block_ids]
+    else:
+        merged.new_block_ids += cached.new_block_ids
+    merged.num_computed_tokens += cached.num_computed_tokens
+    merged.num_output_tokens += cached.num_output_tokens
 
 
 def merge_grammar(outputs: Sequence[GrammarOutput | None]) -> GrammarOutput | None:
