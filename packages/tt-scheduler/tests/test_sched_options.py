@@ -49,11 +49,15 @@ def _build(**config: object) -> object:
     return build_scheduler(TTScheduler, SimConfig(**config))  # type: ignore[arg-type]
 
 
-def test_trace_cap_below_budget_needs_vllm_chunk_threshold() -> None:
-    with pytest.raises(ValueError, match=r"long_prefill_token_threshold in \[1, 48\]"):
-        _build(tt={"_prefill_trace_lens": [48]})
-    _build(long_prefill_token_threshold=32, tt={"_prefill_trace_lens": [48]})
-    _build(tt={"_prefill_trace_lens": [64, 128]})  # no smaller than the step budget (64)
+def test_trace_cap_below_budget_sets_or_checks_vllm_chunk_threshold() -> None:
+    scheduler = _build(tt={"_prefill_trace_lens": [16, 48]})
+    assert scheduler.scheduler_config.long_prefill_token_threshold == 48  # unset: adopted
+    scheduler = _build(long_prefill_token_threshold=32, tt={"_prefill_trace_lens": [48]})
+    assert scheduler.scheduler_config.long_prefill_token_threshold == 32  # smaller: kept
+    with pytest.raises(ValueError, match=r"long_prefill_token_threshold=60 exceeds .* \[1, 48\]"):
+        _build(long_prefill_token_threshold=60, tt={"_prefill_trace_lens": [48]})
+    scheduler = _build(tt={"_prefill_trace_lens": [64, 128]})  # no smaller than the budget (64)
+    assert scheduler.scheduler_config.long_prefill_token_threshold == 0
 
 
 def test_unsupported_vllm_features_are_refused() -> None:

@@ -12,7 +12,12 @@ from vllm_tt_scheduler.options import SchedulerOptions
 
 
 def check_vllm_config(vllm_config: Any, options: SchedulerOptions, max_step_tokens: int) -> None:
-    """Raise ``ValueError`` when the config would let a step escape the three phases."""
+    """Raise ``ValueError`` when the config would let a step escape the three phases.
+
+    When the model's largest prefill trace is below the step budget and vLLM's
+    per-request chunk limit (``long_prefill_token_threshold``) is unset, it is set to
+    that trace length, so vLLM never schedules a longer chunk.
+    """
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise ValueError(
             "speculative decoding is not supported by the TT phase scheduler: a decode "
@@ -29,14 +34,19 @@ def check_vllm_config(vllm_config: Any, options: SchedulerOptions, max_step_toke
     if cap is None or cap >= max_step_tokens:
         return
     sched = vllm_config.scheduler_config
-    threshold = sched.long_prefill_token_threshold
-    if not sched.enable_chunked_prefill or not 0 < threshold <= cap:
+    if not sched.enable_chunked_prefill:
         raise ValueError(
             f"the model's largest prefill trace is {cap} tokens, below the step budget "
-            f"({max_step_tokens}), so prefills must be chunked at <= {cap}: set "
-            f"enable_chunked_prefill=True and long_prefill_token_threshold in [1, {cap}] "
-            f"(got enable_chunked_prefill={sched.enable_chunked_prefill}, "
-            f"long_prefill_token_threshold={threshold})"
+            f"({max_step_tokens}), so prefills must be chunked: set enable_chunked_prefill=True"
+        )
+    if sched.long_prefill_token_threshold == 0:
+        # Unset: the cap is the only sensible value (the platform may set it itself).
+        sched.long_prefill_token_threshold = cap
+    threshold = sched.long_prefill_token_threshold
+    if not 0 < threshold <= cap:
+        raise ValueError(
+            f"long_prefill_token_threshold={threshold} exceeds the model's largest prefill "
+            f"trace ({cap} tokens): set it in [1, {cap}] or leave it unset"
         )
     if sched.long_prefill_token_threshold_adaptive:
         raise ValueError(
