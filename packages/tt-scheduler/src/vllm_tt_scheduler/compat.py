@@ -1,0 +1,41 @@
+"""The vLLM API differences inside the support window that the scheduler must absorb.
+
+Each shim probes vLLM's API (a dataclass field, an attribute) rather than its version, and
+has a tombstone in ``tests/test_compat.py`` that fails once the lowest supported vLLM no
+longer needs it. docs/support-policy.md says how shims are added and removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+
+_OUTPUT_FIELDS = frozenset(f.name for f in dataclasses.fields(SchedulerOutput))
+
+HAS_ENCODER_INPUT_UPDATES = "encoder_input_updates" in _OUTPUT_FIELDS
+"""``SchedulerOutput.encoder_input_updates`` (added in vLLM 0.33). Without it the scheduler
+drains no per-step encoder updates, so there is nothing to carry between passes."""
+
+
+def encoder_input_updates(output: SchedulerOutput) -> dict[str, dict[int, Any]]:
+    """The pass's encoder input updates, or ``{}`` where vLLM has no such field."""
+    if not HAS_ENCODER_INPUT_UPDATES:
+        return {}
+    return output.encoder_input_updates
+
+
+HAS_SCHEDULER_HAS_REQUEST = hasattr(Scheduler, "has_request")
+"""``Scheduler.has_request`` (part of the scheduler interface from vLLM 0.33)."""
+
+
+class SchedulerBackports(Scheduler):
+    """vLLM's ``Scheduler`` plus the methods later releases added, where this one lacks them."""
+
+    if not HAS_SCHEDULER_HAS_REQUEST:
+
+        def has_request(self, request_id: str) -> bool:
+            """Whether the scheduler holds the request (0.33's definition: it is in ``requests``)."""
+            return request_id in self.requests
