@@ -28,6 +28,11 @@ def test_values_from_dotted_cli_and_env():
     assert config.always_compat_sampling is True
 
 
+def test_prefill_hold_is_a_number():
+    assert TTConfig.from_sources({"prefill_hold": 0}, environ={}).prefill_hold == 0.0
+    assert TTConfig.from_sources({"prefill_hold": "0.25"}, environ={}).prefill_hold == 0.25
+
+
 def test_explicit_key_beats_environment():
     config = TTConfig.from_sources({"mesh_backend": "ttnn"}, environ={"TT_MESH_BACKEND": "host"})
     assert config.mesh_backend == "ttnn"
@@ -62,6 +67,8 @@ BAD = [
     ({"optimizations": "speed"}, "--additional-config.tt.optimizations", "performance"),
     ({"prefill_burst": 0}, "--additional-config.tt.prefill_burst", ">= 1"),
     ({"mesh_backend": 1}, "--additional-config.tt.mesh_backend", "string"),
+    ({"prefill_hold": -0.5}, "--additional-config.tt.prefill_hold", ">= 0"),
+    ({"prefill_hold": "soon"}, "--additional-config.tt.prefill_hold", "a number"),
 ]
 
 

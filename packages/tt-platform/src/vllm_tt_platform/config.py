@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from vllm_tt_scheduler import DEFAULT_PREFILL_BURST
+from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD
 
 from vllm_tt_platform.errors import TTConfigError
 
@@ -91,6 +91,10 @@ class TTConfig:
         choices=("performance", "accuracy")))
     prefill_burst: int = field(default=DEFAULT_PREFILL_BURST, metadata=_opt(
         "Most consecutive prefill steps while decodes wait; bounds decode stall.", minimum=1))
+    prefill_hold: float = field(default=DEFAULT_PREFILL_HOLD, metadata=_opt(
+        "How long new prompts may wait so that they share one prefill step, relative to the "
+        "decodes a prefill step stalls; 0 admits at once (lower time to first token, higher "
+        "inter-token latency). See docs/scheduling.md.", minimum=0))
     host_device_time: str | None = field(default=None, metadata=_opt(
         "Host backend only: make the emulated device take modelled time. Programs then run on "
         "the device's own thread and complete no earlier than their duration, and readbacks "
@@ -167,6 +171,19 @@ def _parse(f: Any, raw: Any, setting: str) -> Any:
         if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return raw.strip().lower() in ("true", "1", "yes", "on")
         raise TTConfigError(setting, raw, "true or false", f"pass {setting} true or false")
+    if kind.startswith("float"):
+        value = raw
+        if isinstance(raw, str):
+            try:
+                value = float(raw)
+            except ValueError:
+                value = raw
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TTConfigError(setting, raw, "a number", f"pass {setting} as a number")
+        minimum = f.metadata["minimum"]
+        if minimum is not None and value < minimum:
+            raise TTConfigError(setting, raw, f"a number >= {minimum}", f"raise {setting} to at least {minimum}")
+        return float(value)
     if kind.startswith("int"):
         value = raw
         if isinstance(raw, str) and raw.strip().isdigit():
