@@ -1,10 +1,13 @@
 """Test sessions across the supported vLLM releases.
 
-Environments are reused (a vLLM environment is ~9 GB; uv hard-links it from its cache), and
-every session runs on the Python 3.12 that created the tools environment (scripts/env.sh).
+Environments are reused (a vLLM environment is ~9 GB; uv hard-links it from its cache, so a
+second run installs nothing), and every session runs on the Python 3.12 that created the tools
+environment (scripts/env.sh). docs/support-policy.md says how the window below moves.
 """
 
 from __future__ import annotations
+
+import sys
 
 import nox
 
@@ -12,14 +15,25 @@ nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests(0.33)"]
 
+if sys.version_info[:2] != (3, 12):
+    raise SystemExit(
+        f"nox runs on Python {sys.version.split()[0]}, but vllm-tt needs 3.12 (ttnn ships cp310/cp312 "
+        "wheels only, vLLM >= 0.32 needs >= 3.11): run `source scripts/env.sh` and use its nox."
+    )
+
 VLLM_VERSIONS = ["0.31.0", "0.32.0", "0.33.0"]
-"""The support window: newest last. docs/support-policy.md says how it moves."""
+"""The support window, newest last; each distribution declares the same range (vllm>=0.31,<0.34)."""
 NEWEST = VLLM_VERSIONS[-1]
 PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
+SOURCES = [f"{p}/src" for p in PACKAGES]
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": ""}
+LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-jsonschema"]
 
 
 def _install(session: nox.Session, vllm: str, *extra: str) -> None:
+    """vLLM ``vllm`` with its pins, the test tools and the four distributions (editable).
+
+    ``--overrides overrides.txt`` lets numpy 2 win over ttnn's ``numpy<2`` (docs/install.md)."""
     editable = [arg for p in PACKAGES for arg in ("-e", p)]
     session.install(
         "--overrides", "overrides.txt", "-r", f"requirements/vllm-{vllm}.txt",
@@ -37,15 +51,17 @@ def tests(session: nox.Session, vllm: str) -> None:
 
 @nox.session
 def unit(session: nox.Session) -> None:
-    """Fast tests that never start a vLLM engine."""
+    """Fast tests that never start a vLLM engine (newest vLLM)."""
     _install(session, NEWEST)
     session.run("pytest", "-m", "not e2e", *session.posargs, env=TEST_ENV)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff==0.17.6")
+    """ruff, then mypy over every distribution (settings in pyproject.toml, [tool.mypy])."""
+    _install(session, NEWEST, *LINT_TOOLS)
     session.run("ruff", "check", ".")
+    session.run("mypy", *SOURCES, "tests/tombstone.py", *session.posargs)
 
 
 @nox.session

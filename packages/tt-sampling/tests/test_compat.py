@@ -1,7 +1,8 @@
 """Tombstones for ``host.compat``, and the ``VllmConfig`` attributes the host sampler reads.
 
-Each tombstone asserts the vLLM behaviour that made a workaround necessary; when one fails,
-vLLM changed, and the matching override in ``PortableSampler`` can probably be deleted.
+Each tombstone (``tests/tombstone.py``) records on which vLLM releases the behaviour that made a
+workaround necessary exists; when one fails, vLLM changed, and the matching override in
+``PortableSampler`` can probably be deleted.
 """
 
 from __future__ import annotations
@@ -16,18 +17,35 @@ from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm_tt_sampling.host.compat import PortableSampler
 
+from tests.tombstone import Tombstone
+
+DIST = "vllm-tt-sampling"
+SHIM = "vllm_tt_sampling.host.compat.PortableSampler"
+
 
 def test_tombstone_vllm_ranks_are_torch_compiled():
     # PortableSampler.gather_logprobs exists because this helper is torch.compile-d with the
     # platform's backend (inductor by default, which needs a working compiler toolchain).
-    assert hasattr(vllm_logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")
+    Tombstone(f"{SHIM}.gather_logprobs", DIST).check(
+        needed_here=hasattr(vllm_logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")
+    )
 
 
-def test_tombstone_vllm_cpu_kernels_need_compiled_ops():
-    # PortableSampler.greedy_sample and the pinned forward_native exist because CPU platforms
-    # route these through vLLM's compiled _C extension.
-    assert "_C.greedy_argmax" in inspect.getsource(Sampler.greedy_sample)
-    assert "fused_gumbel_argmax" in inspect.getsource(TopKTopPSampler.forward_cpu)
+def test_tombstone_vllm_greedy_needs_compiled_ops():
+    # PortableSampler.greedy_sample exists because CPU platforms route greedy argmax through
+    # vLLM's compiled _C extension (from 0.32; 0.31 used plain argmax, so the override is a no-op).
+    Tombstone(f"{SHIM}.greedy_sample", DIST, needed_from="0.32").check(
+        needed_here="_C.greedy_argmax" in inspect.getsource(Sampler.greedy_sample)
+    )
+
+
+def test_tombstone_vllm_cpu_top_k_top_p_needs_compiled_code():
+    # The pinned forward_native exists because vLLM's CPU top-k/top-p draw is compiled: a _C
+    # kernel from 0.32, a torch.compile-d helper on 0.31.
+    source = inspect.getsource(TopKTopPSampler.forward_cpu)
+    Tombstone(f"{SHIM}.__init__ (forward_native pin)", DIST).check(
+        needed_here="fused_gumbel_argmax" in source or "compiled_random_sample" in source
+    )
 
 
 def test_portable_sampler_uses_plain_torch_paths():

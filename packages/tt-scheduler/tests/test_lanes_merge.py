@@ -12,6 +12,7 @@ from vllm.v1.core.sched.output import CachedRequestData, GrammarOutput, NewReque
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.perf import PerfStats
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+from vllm_tt_scheduler.compat import HAS_ACCEPTABLE_DRAFTS, HAS_SKIP_DRAFTS, acceptable_drafts, grammar_output
 from vllm_tt_scheduler.lane_results import lane_stats, merge_engine_outputs, merge_stats
 from vllm_tt_scheduler.merge import MERGED_FIELDS, BlockNumbering, merge_grammar, merge_outputs
 
@@ -39,6 +40,7 @@ def lane_output(new: list[NewRequestData], cached: dict[str, tuple[list[int], ..
         total_num_scheduled_tokens=sum(scheduled.values()),
         scheduled_spec_decode_tokens={},
         scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[],  # required before vLLM 0.32
         finished_req_ids=set(),
         free_encoder_mm_hashes=[],
     )
@@ -94,7 +96,8 @@ def test_drained_sets_union_and_flags_combine() -> None:
     assert merged.num_invalid_spec_tokens == {"d": 1}
     assert merged.has_structured_output_requests is True
     assert merged.pending_structured_output_tokens is True
-    assert merged.skip_drafts is False  # lane 1 may use drafts
+    # lane 1 may use drafts (vLLM < 0.33 has no skip_drafts: drafts are never skipped)
+    assert merged.skip_drafts is False if HAS_SKIP_DRAFTS else not hasattr(merged, "skip_drafts")
     assert merged.kv_connector_metadata is None
 
 
@@ -121,16 +124,16 @@ def test_connector_metadata_cannot_be_merged() -> None:
 
 
 def grammar(ids: list[str], fill: int, drafts: list[int] | None) -> GrammarOutput:
-    return GrammarOutput(ids, np.full((len(ids), 2), fill, dtype=np.int32), drafts)
+    return grammar_output(ids, np.full((len(ids), 2), fill, dtype=np.int32), drafts)
 
 
 def test_grammar_bitmasks_stack_in_lane_order() -> None:
     merged = merge_grammar([grammar(["a"], 1, [0]), None, grammar(["c", "d"], 2, [0, 0])])
     assert merged.structured_output_request_ids == ["a", "c", "d"]
     assert merged.grammar_bitmask.tolist() == [[1, 1], [2, 2], [2, 2]]
-    assert merged.num_acceptable_drafts == [0, 0, 0]
+    assert acceptable_drafts(merged) == ([0, 0, 0] if HAS_ACCEPTABLE_DRAFTS else None)
     assert merge_grammar([None, None]) is None
-    assert merge_grammar([grammar(["a"], 1, None), grammar(["b"], 1, [0])]).num_acceptable_drafts is None
+    assert acceptable_drafts(merge_grammar([grammar(["a"], 1, None), grammar(["b"], 1, [0])])) is None
 
 
 def output(req_id: str) -> EngineCoreOutput:

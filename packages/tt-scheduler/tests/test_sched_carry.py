@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm_tt_scheduler.carry import carry_over
+from vllm_tt_scheduler.compat import HAS_ENCODER_INPUT_UPDATES, encoder_input_updates
 
 
 def output(**fields: object) -> SchedulerOutput:
@@ -19,6 +20,8 @@ def output(**fields: object) -> SchedulerOutput:
         free_encoder_mm_hashes=[],
     )
     base.update(fields)
+    if not HAS_ENCODER_INPUT_UPDATES:  # vLLM < 0.33: no such field, nothing to carry
+        base.pop("encoder_input_updates", None)
     return SchedulerOutput(**base)  # type: ignore[arg-type]
 
 
@@ -44,7 +47,7 @@ def test_drained_fields_are_merged() -> None:
     assert merged.preempted_req_ids == {"p"}
     assert merged.free_encoder_mm_hashes == ["h1", "h2"]
     assert merged.new_block_ids_to_zero == [3, 4]
-    assert merged.encoder_input_updates == {"x": {0: None, 1: None}}
+    assert encoder_input_updates(merged) == ({"x": {0: None, 1: None}} if HAS_ENCODER_INPUT_UPDATES else {})
     assert merged.num_scheduled_tokens == {"b": 1}
 
 

@@ -70,8 +70,10 @@ class TTPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm_tt_platform.compat import release_openmp_before_fork
         from vllm_tt_platform.setup import configure
 
+        release_openmp_before_fork()
         configure(vllm_config)
 
     @classmethod

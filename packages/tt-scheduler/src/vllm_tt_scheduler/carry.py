@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
+from vllm_tt_scheduler.compat import encoder_input_updates
+
 
 def carry_over(discarded: SchedulerOutput, kept: SchedulerOutput) -> SchedulerOutput:
     """Merge the drained fields of ``discarded`` into ``kept`` and return ``kept``."""
@@ -20,10 +22,10 @@ def carry_over(discarded: SchedulerOutput, kept: SchedulerOutput) -> SchedulerOu
         kept.preempted_req_ids = discarded.preempted_req_ids | (kept.preempted_req_ids or set())
     if discarded.free_encoder_mm_hashes:
         kept.free_encoder_mm_hashes = discarded.free_encoder_mm_hashes + kept.free_encoder_mm_hashes
-    discarded_updates = getattr(discarded, "encoder_input_updates", None)  # vLLM >= 0.33
+    discarded_updates = encoder_input_updates(discarded)
     if discarded_updates:
         merged = dict(discarded_updates)
-        for req_id, updates in kept.encoder_input_updates.items():
+        for req_id, updates in encoder_input_updates(kept).items():
             merged[req_id] = {**merged.get(req_id, {}), **updates}
         kept.encoder_input_updates = merged
     if discarded.new_block_ids_to_zero:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm.v1.core.sched.output import SchedulerOutput
+import numpy as np
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 
 _OUTPUT_FIELDS = frozenset(f.name for f in dataclasses.fields(SchedulerOutput))
@@ -25,6 +26,26 @@ def encoder_input_updates(output: SchedulerOutput) -> dict[str, dict[int, Any]]:
     if not HAS_ENCODER_INPUT_UPDATES:
         return {}
     return output.encoder_input_updates
+
+
+HAS_SKIP_DRAFTS = "skip_drafts" in _OUTPUT_FIELDS
+"""``SchedulerOutput.skip_drafts`` (added in vLLM 0.33); older releases never skip drafts."""
+
+HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(GrammarOutput)}
+"""``GrammarOutput.num_acceptable_drafts`` (added in vLLM 0.33): a per-row limit on draft tokens
+that older releases do not have (and TT runs no speculative decoding)."""
+
+
+def acceptable_drafts(output: GrammarOutput) -> list[int] | None:
+    """The rows' draft limits, or ``None`` (no limit) where vLLM has no such field."""
+    return output.num_acceptable_drafts if HAS_ACCEPTABLE_DRAFTS else None
+
+
+def grammar_output(request_ids: list[str], bitmask: np.ndarray, drafts: list[int] | None) -> GrammarOutput:
+    """A ``GrammarOutput``; ``drafts`` is dropped where vLLM has no ``num_acceptable_drafts``."""
+    if HAS_ACCEPTABLE_DRAFTS:
+        return GrammarOutput(request_ids, bitmask, num_acceptable_drafts=drafts)
+    return GrammarOutput(request_ids, bitmask)
 
 
 HAS_SCHEDULER_HAS_REQUEST = hasattr(Scheduler, "has_request")

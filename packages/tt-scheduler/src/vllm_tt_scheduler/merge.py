@@ -25,6 +25,13 @@ from vllm.v1.core.sched.output import (
     SchedulerOutput,
 )
 
+from vllm_tt_scheduler.compat import (
+    HAS_ENCODER_INPUT_UPDATES,
+    HAS_SKIP_DRAFTS,
+    acceptable_drafts,
+    grammar_output,
+)
+
 
 @dataclass(frozen=True)
 class BlockNumbering:
@@ -83,9 +90,6 @@ _OUTPUT_FIELDS = _field_names(SchedulerOutput)
 _UNMERGEABLE_PRESENT = tuple(name for name in _UNMERGEABLE if name in _OUTPUT_FIELDS)
 _unmergeable_values = attrgetter(*_UNMERGEABLE_PRESENT)
 _NONE = (None,) * len(_UNMERGEABLE_PRESENT)
-# Fields newer than the oldest supported vLLM (0.31).
-_HAS_ENCODER_UPDATES = "encoder_input_updates" in _OUTPUT_FIELDS  # 0.33
-_HAS_SKIP_DRAFTS = "skip_drafts" in _OUTPUT_FIELDS  # 0.33
 
 
 def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering) -> SchedulerOutput:
@@ -131,7 +135,7 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
             finished |= out.finished_req_ids
         if out.free_encoder_mm_hashes:
             free_hashes += out.free_encoder_mm_hashes
-        if _HAS_ENCODER_UPDATES and out.encoder_input_updates:
+        if HAS_ENCODER_INPUT_UPDATES and out.encoder_input_updates:
             encoder_updates.update(out.encoder_input_updates)
         if out.preempted_req_ids is not None:
             preempted = (preempted or set()) | out.preempted_req_ids
@@ -151,7 +155,7 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
         structured |= out.has_structured_output_requests
         pending_structured |= out.pending_structured_output_tokens
         sync_loads |= out.has_sync_kv_loads
-        skip_drafts &= _HAS_SKIP_DRAFTS and out.skip_drafts
+        skip_drafts &= HAS_SKIP_DRAFTS and out.skip_drafts
         spec_count = max(spec_count, out.num_spec_tokens_to_schedule)
     values = {
         "scheduled_new_reqs": new_reqs,
@@ -208,15 +212,13 @@ def merge_grammar(outputs: Sequence[GrammarOutput | None]) -> GrammarOutput | No
         return present[0]
     drafts: list[int] | None = []
     for out in present:
-        acceptable = getattr(out, "num_acceptable_drafts", None)
+        acceptable = acceptable_drafts(out)
         if acceptable is None or drafts is None:
             drafts = None
         else:
             drafts.extend(acceptable)
-    return GrammarOutput(
-        structured_output_request_ids=[
-            req_id for out in present for req_id in out.structured_output_request_ids
-        ],
-        grammar_bitmask=np.concatenate([out.grammar_bitmask for out in present]),
-        num_acceptable_drafts=drafts,
+    return grammar_output(
+        [req_id for out in present for req_id in out.structured_output_request_ids],
+        np.concatenate([out.grammar_bitmask for out in present]),
+        drafts,
     )

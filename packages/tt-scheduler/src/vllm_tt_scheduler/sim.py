@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.interface import SchedulerInterface
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutputs
@@ -141,7 +143,14 @@ def make_request(
     seed = sum(map(ord, req_id))
     prompt = [(seed * 7 + i * 13) % VOCAB + 1 for i in range(prompt_len)]
     params = sampling_params or SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(req_id, prompt, params, None)
+    return Request(req_id, prompt, params, None, block_hasher=_block_hasher())
+
+
+@cache
+def _block_hasher() -> Any:
+    """Block hashes as the engine core computes them (prefix caching needs them)."""
+    init_none_hash(sha256)
+    return get_request_block_hasher(SimConfig.block_size, sha256)
 
 
 def next_token(tokens: list[int]) -> int:

@@ -1,0 +1,79 @@
+"""``vllm_tt_platform.compat``: its shims on the installed vLLM, and their tombstones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from vllm_tt_platform import compat
+
+from tests.tombstone import Tombstone
+
+DIST = "vllm-tt-platform"
+
+FORK_AFTER_OPENMP = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(2)
+    torch.ones(4_000_000).add_(1).sum()          # the parent runs an OpenMP parallel region
+    if sys.argv[1] == "hook":
+        from vllm_tt_platform.compat import release_openmp_before_fork
+        release_openmp_before_fork()
+    from vllm.utils.system_utils import get_mp_context
+
+    def child():
+        torch.zeros(4_000_000).add_(1).sum()     # deadlocks if the parent's workers were not joined
+
+    process = get_mp_context().Process(target=child)    # how vLLM starts the engine core
+    process.start()
+    process.join(float(sys.argv[2]))
+    print("CHILD_FINISHED" if process.exitcode == 0 else "CHILD_STUCK")
+    if process.is_alive():
+        process.kill()
+    """
+)
+
+
+def _fork_after_openmp(mode: str, timeout: float) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_OPENMP, mode, str(timeout)],
+        capture_output=True, text=True, timeout=timeout + 240,
+        env={**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+    )
+    marks = [line for line in result.stdout.splitlines() if line.startswith("CHILD_")]
+    assert marks, result.stderr[-3000:]
+    return marks[-1]
+
+
+def test_tombstone_release_openmp_before_fork():
+    Tombstone("vllm_tt_platform.compat.release_openmp_before_fork", DIST, needed_through="0.32").check(
+        needed_here=not compat.VLLM_RELEASES_OPENMP_BEFORE_FORK
+    )
+
+
+def test_forked_engine_core_can_use_openmp_with_the_hook():
+    assert _fork_after_openmp("hook", timeout=120) == "CHILD_FINISHED"
+
+
+def test_without_the_hook_a_fork_deadlocks_exactly_where_the_probe_says():
+    # The evidence behind the probe: on releases that do not pause libgomp, the child hangs.
+    expected = "CHILD_FINISHED" if compat.VLLM_RELEASES_OPENMP_BEFORE_FORK else "CHILD_STUCK"
+    assert _fork_after_openmp("plain", timeout=30) == expected
+
+
+def test_hook_is_registered_only_where_vllm_lacks_it():
+    assert compat.release_openmp_before_fork() is (not compat.VLLM_RELEASES_OPENMP_BEFORE_FORK)
+
+
+def test_libgomp_is_found_in_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /opt/torch/lib/libgomp-a34b3233.so.1\n"
+        "7f01-7f02 r--p 00000000 08:01 1 /opt/torch/lib/libgomp-a34b3233.so.1\n"
+        "7f02-7f03 rw-p 00000000 00:00 0 [heap]\n"
+        "7f03-7f04 r-xp 00000000 08:01 2 /usr/lib/libc.so.6\n"
+    )
+    assert compat.loaded_libgomp_paths(maps) == ["/opt/torch/lib/libgomp-a34b3233.so.1"]
+    assert compat.loaded_libgomp_paths(tmp_path / "absent") == []
