@@ -7,10 +7,9 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_tt_scheduler.phase import MixedStepError, Phase
-
 from vllm_tt_platform.batch import PersistentBatch, SlotsExhaustedError
 from vllm_tt_platform.step import DecodeInputs, PrefillInputs, StepPlan
+from vllm_tt_scheduler.phase import MixedStepError, Phase
 
 
 def new(req_id: str, prompt: list[int], blocks: list[int], computed: int = 0) -> NewRequestData:

@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 HOST = {"tt": {"mesh_backend": "host"}}
