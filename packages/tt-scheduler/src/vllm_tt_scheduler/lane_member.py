@@ -2,8 +2,10 @@
 
 ``TTScheduler.schedule()`` picks its own phase. Lanes must all run the same phase in a step, so
 the coordinator needs the parts of that method one at a time: the lane's work (``lane_view``),
-one pass of a given phase (``lane_pass``), and the bookkeeping once the step's phase is known
-(``lane_end_step``). This module is the only place that reaches into the phase scheduler.
+one pass of a given phase (``lane_pass``), whether an empty step has work in the other phase
+(``lane_fallback``), the admission back-off (``lane_admission_blocked``), and the bookkeeping
+once the step's phase is known (``lane_end_step``). This module is the only place that reaches
+into the phase scheduler's internals; a public hook there would replace it.
 """
 
 from __future__ import annotations
