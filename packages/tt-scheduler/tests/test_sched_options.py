@@ -40,6 +40,8 @@ def test_bad_values_name_the_key(tt: dict, message: str) -> None:
 def test_tt_section_must_be_a_mapping() -> None:
     with pytest.raises(ValueError, match="must be a mapping"):
         SchedulerOptions.from_additional_config({"tt": [1]})
+    with pytest.raises(ValueError, match="additional_config must be a mapping, got tuple"):
+        SchedulerOptions.from_additional_config(("tt",))
 
 
 def _build(**config: object) -> object:

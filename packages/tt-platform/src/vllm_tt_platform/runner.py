@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from vllm.config import VllmConfig
@@ -82,7 +82,7 @@ class TTModelRunner:
         self.custom_logits_processors = bool(self.model_config.logits_processors)
         self.model: Any = None
         self.kv_cache: Any = None
-        self.host_sampler: HostSamplingBatch | None = None
+        self._host_sampler: HostSamplingBatch | None = None
         self._pending: _PendingStep | None = None
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
@@ -94,7 +94,7 @@ class TTModelRunner:
 
     # -- setup -------------------------------------------------------------------------------
     def load_model(self) -> None:
-        model_cls = self.setup.model.load_class()
+        model_cls: Any = self.setup.model.load_class()
         self.model_cls = model_cls
         self.model = model_cls.initialize_vllm_model(
             self.model_config.hf_config,
@@ -106,9 +106,16 @@ class TTModelRunner:
         )
         self.vocab_size = self.model_config.get_vocab_size()
         # Counter stream: a seeded request draws the same tokens on either sampling path.
-        self.host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config,
-                                              seed_stream=SeedStream.COUNTER)
+        self._host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config,
+                                               seed_stream=SeedStream.COUNTER)
         self.prompt_logprobs = sampling_output.PromptLogprobs(self.vocab_size, self.model_config.logprobs_mode)
+
+    @property
+    def host_sampler(self) -> HostSamplingBatch:
+        """vLLM's sampler over the batch's slots, created by ``load_model``."""
+        if self._host_sampler is None:
+            raise RuntimeError("TTModelRunner.load_model() has not run: there is no host sampler yet")
+        return self._host_sampler
 
     @property
     def num_layers(self) -> int:
@@ -124,7 +131,7 @@ class TTModelRunner:
             block_size=self.block_size,
             num_kv_heads=self.hf_config.num_key_value_heads,
             head_size=self._head_dim(),
-            dtype=self.model_config.dtype,
+            dtype=cast(torch.dtype, self.model_config.dtype),  # a torch dtype once the config is built
         )
         return {f"model.layers.{i}.self_attn": spec for i in range(self.num_layers)}
 
@@ -201,6 +208,7 @@ class TTModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
         decision = self._choose_sampling(plan)
+        output: model_output.ModelOutput | InFlightStep
         if plan.phase is Phase.PREFILL:
             output = self._prefill(plan, decision)
         else:
@@ -225,7 +233,7 @@ class TTModelRunner:
             )
             for r in plan.rows
         ]
-        phase = plan.phase.name.lower()
+        phase: Literal["prefill", "decode"] = "prefill" if plan.phase is Phase.PREFILL else "decode"
         decision = choose_sampling_path(
             rows, mode=self.sampling_mode, phase=phase, caps=self.sampling_caps,
             always_compat=self.setup.config.always_compat_sampling,
@@ -310,9 +318,9 @@ class TTModelRunner:
             index = self._output_rows(plan, producing)
             if output.tokens is not None:
                 sampled = sampling_output.from_device(output, index, producing)
-            else:
-                sampled = sampling_output.from_host(self.host_sampler, output.logits[index], producing,
-                                                    grammar_output)
+            else:  # model_output.parse() returns tokens or logits
+                logits = cast(torch.Tensor, output.logits)
+                sampled = sampling_output.from_host(self.host_sampler, logits[index], producing, grammar_output)
         tokens = sampled.tokens
         for r, token in zip(producing, tokens, strict=True):
             r.state.output_token_ids.append(token)

@@ -148,7 +148,7 @@ def configure(vllm_config: VllmConfig) -> None:
         cache.block_size = DEFAULT_BLOCK_SIZE
 
     hf_config = vllm_config.model_config.hf_config
-    hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures]
+    hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures or []]
     if caps.prefill_trace_lens:
         tt["_prefill_trace_lens"] = list(caps.prefill_trace_lens)
 

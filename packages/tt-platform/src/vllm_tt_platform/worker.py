@@ -14,7 +14,7 @@ from vllm.distributed.parallel_state import (
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_tt_platform.backend import make_backend
@@ -31,7 +31,7 @@ class TTWorker(WorkerBase):
         self.setup = resolve_setup(vllm_config)
         self.backend = make_backend(self.setup.config)
         self.mesh_device: Any = None
-        self.runner: TTModelRunner | None = None
+        self._runner: TTModelRunner | None = None
 
     def init_device(self) -> None:
         init_distributed_environment(
@@ -40,7 +40,14 @@ class TTWorker(WorkerBase):
         )
         ensure_model_parallel_initialized(1, 1)
         self.mesh_device = self.backend.open(self.setup.topology.mesh)
-        self.runner = TTModelRunner(self.vllm_config, self.setup, self.mesh_device)
+        self._runner = TTModelRunner(self.vllm_config, self.setup, self.mesh_device)
+
+    @property
+    def runner(self) -> TTModelRunner:
+        """The model runner, created when ``init_device`` opens the mesh."""
+        if self._runner is None:
+            raise RuntimeError("TTWorker.init_device() has not run: there is no model runner yet")
+        return self._runner
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         self.runner.load_model()
@@ -85,7 +92,7 @@ class TTWorker(WorkerBase):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         return self.runner.execute_model(scheduler_output)
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.runner.sample_tokens(grammar_output)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
@@ -102,8 +109,8 @@ class TTWorker(WorkerBase):
         self.vllm_config.model_config.max_model_len = max_model_len
 
     def shutdown(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
+        if self._runner is not None:
+            self._runner.close()
         if self.mesh_device is not None:
             self.backend.close(self.mesh_device)
             self.mesh_device = None

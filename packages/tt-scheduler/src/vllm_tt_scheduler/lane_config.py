@@ -35,7 +35,7 @@ class LaneShape:
         tt = (vllm_config.additional_config or {}).get("tt") or {}
         if not isinstance(tt, Mapping):
             raise ValueError(f"additional_config['tt'] must be a mapping, got {type(tt).__name__}")
-        values = {key: tt.get(key) for key in (LANES_KEY, ROWS_PER_LANE_KEY)}
+        values: dict[str, Any] = {key: tt.get(key) for key in (LANES_KEY, ROWS_PER_LANE_KEY)}
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(

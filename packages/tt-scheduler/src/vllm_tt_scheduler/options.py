@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 # Consecutive prefill steps allowed while decodes wait (see docs/scheduling.md for the
 # benchmark that picked it).
@@ -42,8 +41,10 @@ class SchedulerOptions:
     or None when the model declares no trace shapes (the step budget then rules)."""
 
     @classmethod
-    def from_additional_config(cls, additional_config: Mapping[str, Any] | None) -> SchedulerOptions:
+    def from_additional_config(cls, additional_config: object) -> SchedulerOptions:
         """Read the ``tt`` section; raise ``ValueError`` naming the key on a bad value."""
+        if additional_config is not None and not isinstance(additional_config, Mapping):
+            raise ValueError(f"additional_config must be a mapping, got {type(additional_config).__name__}")
         tt = (additional_config or {}).get("tt", {}) or {}
         if not isinstance(tt, Mapping):
             raise ValueError(f"additional_config['tt'] must be a mapping, got {type(tt).__name__}")

@@ -44,9 +44,13 @@ class _CachedRequests(Protocol):
 
 
 class _StepOutput(Protocol):
-    scheduled_new_reqs: Sequence[_NewRequest]
-    scheduled_cached_reqs: _CachedRequests
-    total_num_scheduled_tokens: int
+    # Read-only members, so vLLM's concrete (mutable) field types match.
+    @property
+    def scheduled_new_reqs(self) -> Sequence[_NewRequest]: ...
+    @property
+    def scheduled_cached_reqs(self) -> _CachedRequests: ...
+    @property
+    def total_num_scheduled_tokens(self) -> int: ...
 
 
 def step_phase(scheduler_output: _StepOutput, mid_prefill: Container[str]) -> Phase:

@@ -1,0 +1,24 @@
+"""State that exists only after a lifecycle step is reached through a property that says which
+step has not run, instead of failing later on ``None``."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_tt_platform.runner import TTModelRunner
+from vllm_tt_platform.worker import TTWorker
+
+
+def test_worker_runner_before_init_device():
+    worker = object.__new__(TTWorker)
+    worker._runner = None
+    with pytest.raises(RuntimeError, match=r"init_device\(\) has not run"):
+        _ = worker.runner
+    worker._runner = runner = object.__new__(TTModelRunner)
+    assert worker.runner is runner
+
+
+def test_runner_host_sampler_before_load_model():
+    runner = object.__new__(TTModelRunner)
+    runner._host_sampler = None
+    with pytest.raises(RuntimeError, match=r"load_model\(\) has not run"):
+        _ = runner.host_sampler
