@@ -61,7 +61,7 @@ def test_tombstone_skip_drafts():
 
 
 def test_tombstone_acceptable_drafts():
-    Tombstone("vllm_tt_scheduler.compat.grammar_output / acceptable_drafts", DIST, needed_through="0.32").check(
+    Tombstone("vllm_tt_scheduler.compat.grammar_output / acceptable_drafts", DIST, needed_through="0.31").check(
         needed_here=not compat.HAS_ACCEPTABLE_DRAFTS
     )
 

@@ -32,7 +32,7 @@ HAS_SKIP_DRAFTS = "skip_drafts" in _OUTPUT_FIELDS
 """``SchedulerOutput.skip_drafts`` (added in vLLM 0.33); older releases never skip drafts."""
 
 HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(GrammarOutput)}
-"""``GrammarOutput.num_acceptable_drafts`` (added in vLLM 0.33): a per-row limit on draft tokens
+"""``GrammarOutput.num_acceptable_drafts`` (added in vLLM 0.32): a per-row limit on draft tokens
 that older releases do not have (and TT runs no speculative decoding)."""
 
 
