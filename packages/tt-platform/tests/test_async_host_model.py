@@ -198,3 +198,59 @@ def test_skip_math_tokens_depend_on_input_token_and_position(tiny_checkpoint):
     at_seven = model.prefill_forward(tokens=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 40]]), page_table=table()[:1],
                                      kv_cache=kv, prompt_lens=[8], start_pos=[0], empty_slots=[0])
     assert torch.equal(at_seven[0, 0], logits[0])
+
+
+LANES = 4
+
+
+def build_lanes(tiny_checkpoint, device_time: str, queue: CommandQueue):
+    """A TG split into ``LANES`` sub-meshes of ``ROWS`` rows each (slot ``s`` is in lane ``s // ROWS``)."""
+    options = HostDeviceOptions(device_time=parse_device_time(device_time), skip_math=True, preset="TG")
+    mesh = HostMeshDevice(MeshShape(8, 4), options=options, command_queue=queue)
+    config = AutoConfig.from_pretrained(tiny_checkpoint("llama"))
+    model = HostLlamaForCausalLM.initialize_vllm_model(config, mesh, LANES * ROWS, WIDTH * BLOCK,
+                                                       tt_data_parallel=LANES)
+    cfg = model.config
+    kv = model.allocate_kv_cache((1 + ROWS * WIDTH, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
+                                 cfg.num_layers)
+    return model, kv
+
+
+def lane_prefill(model, kv, prompts: dict[int, list[int]]) -> None:
+    """One prefill call with a row per slot; slot ``s`` uses its lane's blocks of slot ``s % ROWS``."""
+    length = max(map(len, prompts.values()))
+    tokens = torch.tensor([p + [0] * (length - len(p)) for p in prompts.values()], dtype=torch.int32)
+    model.prefill_forward(tokens=tokens, page_table=table()[[s % ROWS for s in prompts]], kv_cache=kv,
+                          prompt_lens=[len(p) for p in prompts.values()], start_pos=[0] * len(prompts),
+                          empty_slots=list(prompts), sampling_params=greedy(len(prompts)))
+
+
+def test_lane_prefill_takes_the_busiest_lanes_time_not_the_sum(tiny_checkpoint):
+    """Each lane's prefill rows run on its own sub-mesh, side by side with the other lanes': a
+    call with two rows in lane 0 and one in lane 1 takes two rows' time (the sum would be three)."""
+    sleeps: list[float] = []
+    queue = CommandQueue(timed=True, clock=lambda: 0.0, sleep=sleeps.append)
+    model, kv = build_lanes(tiny_checkpoint, "10ms", queue)
+    lane_prefill(model, kv, {0: [5, 9, 13], 1: [7, 3], ROWS: [4, 4, 4, 4]})
+    assert sleeps == [pytest.approx(0.020)]
+    queue.close()
+
+
+def test_lane_programs_are_costed_per_sub_mesh(tiny_checkpoint):
+    """The cost model times one (2,4) sub-mesh of the TG; a program lasts as long as its
+    busiest lane (prefill: that lane's rows in turn; decode: the lane reading the most KV)."""
+    sleeps: list[float] = []
+    queue = CommandQueue(timed=True, clock=lambda: 0.0, sleep=sleeps.append)
+    model, kv = build_lanes(tiny_checkpoint, "served", queue)
+    costs = model.costs
+    assert costs.mesh.devices == 8 and "(2,4) sub-meshes" in costs.description
+    lane_prefill(model, kv, {0: [5] * 40, 1: [7] * 40, 2 * ROWS: [4] * 100})
+    assert sleeps == [pytest.approx(max(2 * costs.prefill_s(40, 0), costs.prefill_s(100, 0)))]
+    start = torch.full((LANES * ROWS,), -1, dtype=torch.int32)
+    start[0], start[1], start[2 * ROWS] = 40, 40, 100
+    handle = model.decode_forward(tokens=torch.zeros(LANES * ROWS, 1, dtype=torch.int32), start_pos=start,
+                                  page_table=torch.cat([table()] * LANES), kv_cache=kv, read_from_device=False,
+                                  sampling_params=greedy(LANES * ROWS), reset_batch=True)
+    model.read_decode_output(handle, async_read=False)
+    assert sleeps[1] == pytest.approx(costs.decode_s(101))  # lane 2 (101) reads more than lane 0 (82)
+    queue.close()

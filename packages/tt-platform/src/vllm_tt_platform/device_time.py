@@ -10,6 +10,9 @@ without hardware. Two models exist:
   KV it reads from DRAM once per step, prefill is bound by matmul throughput, multi-chip meshes
   pay a collective latency per layer, and a readback pays link latency plus bytes / bandwidth.
 
+A mesh split into data-parallel lanes is costed per sub-mesh: each lane runs its own rows on its
+own sub-mesh, side by side, so a program over all lanes takes as long as its busiest lane.
+
 The numbers are coarse public figures (see ``CHIPS``); they set the right order of magnitude
 (Llama-3.1-8B on an N150 ~ 42 ms per decode step, Llama-3.3-70B on a Galaxy ~ 14 ms), not a
 prediction. The chosen durations are in the startup log.
@@ -178,15 +181,20 @@ class DeviceTimeSpec:
     mesh_preset: str | None = None
     """A ``MESH_PRESETS`` name; None = the opened mesh."""
 
-    def resolve(self, served: ModelDims, shape: MeshShape, preset: str | None) -> ProgramCosts:
+    def resolve(self, served: ModelDims, shape: MeshShape, preset: str | None, lanes: int = 1) -> ProgramCosts:
+        """Costs of one program on one sub-mesh when the mesh is split into ``lanes``: each lane
+        runs its own rows on its own sub-mesh, side by side with the others."""
         if self.fixed_s is not None:
             return ProgramCosts(fixed_s=self.fixed_s, description=f"fixed {self.fixed_s * 1e3:g} ms per program")
         dims = served if self.model == SERVED else MODEL_PROFILES[str(self.model)]
         if self.mesh_preset is not None:
             shape, preset = MESH_PRESETS[self.mesh_preset], self.mesh_preset
+        where = preset or str(shape)
+        if lanes > 1:
+            shape = shape.split(lanes)
+            where = f"{where} split into {lanes} {shape} sub-meshes, per sub-mesh"
         mesh = MeshCost.of_mesh(shape, preset)
         costs = ProgramCosts(dims=dims, mesh=mesh)
-        where = preset or str(shape)
         return ProgramCosts(
             dims=dims, mesh=mesh,
             description=(f"cost model {self.model} on {where} ({mesh.devices} {mesh.chip.name}): "

@@ -71,13 +71,13 @@ class HostMeshDevice:
     def skip_math(self) -> bool:
         return self.options.skip_math
 
-    def program_costs(self, served: ModelDims) -> ProgramCosts | None:
-        """Durations of the programs a model of dimensions ``served`` runs here; None when
-        device time is not modelled."""
+    def program_costs(self, served: ModelDims, lanes: int = 1) -> ProgramCosts | None:
+        """Durations of the programs a model of dimensions ``served`` runs here, on one of
+        ``lanes`` equal sub-meshes; None when device time is not modelled."""
         spec = self.options.device_time
         if spec is None:
             return None
-        return spec.resolve(served, self.mesh_shape, self.options.preset)
+        return spec.resolve(served, self.mesh_shape, self.options.preset, lanes)
 
     def event_synchronize(self, event: Any) -> None:
         """Block until ``event`` (from a readback) is recorded, like ``ttnn.event_synchronize``."""

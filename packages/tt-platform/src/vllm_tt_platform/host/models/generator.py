@@ -97,10 +97,11 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         self.queue = self.device.command_queue
         self.slots = DeviceSlots(lanes.max_batch_size)
         cfg = decoder.config
+        # One sub-mesh's costs: each lane runs on its own (see LaneLayout.prefill_s/decode_s).
         self.costs = self.device.program_costs(ModelDims(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
             cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings,
-        ))
+        ), lanes.count)
         self.synthetic = SyntheticLM(self.config.vocab_size) if self.device.skip_math else None
 
     @property
@@ -273,7 +274,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             int(s) for s in torch.as_tensor(empty_slots).reshape(-1).tolist()
         ]
         costs = self.costs
-        duration = sum(costs.prefill_s(r.end - r.start, r.start) for r in rows) if costs is not None else 0.0
+        duration = self.lanes.prefill_s(costs, rows) if costs is not None else 0.0
         if kwargs.get("return_all_logits"):
             if sampling_params is not None:
                 raise HostModelInputError("return_all_logits asks for logits; do not also send sampling_params")
@@ -352,7 +353,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
                 f"sampling_params has {len(sampling_params)} rows, the call has {tokens.shape[0]}"
             )
         costs = self.costs
-        duration = costs.decode_s(int((positions[positions >= 0] + 1).sum())) if costs is not None else 0.0
+        duration = self.lanes.decode_s(costs, positions) if costs is not None else 0.0
         program = functools.partial(
             self._decode_program, tokens, positions, page_table, kv_cache, sampling_params,
             prompt_tokens, output_tokens, bool(reset_batch),

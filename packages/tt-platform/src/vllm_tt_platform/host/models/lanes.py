@@ -1,16 +1,25 @@
 """``LaneLayout``: how the global decode batch splits into lanes.
 
 A lane is a data-parallel sub-mesh with its own KV cache. Global slot ``s`` belongs to lane
-``s // rows_per_lane``; decode row ``r`` is slot ``r``, prefill rows name their slot.
+``s // rows_per_lane``; decode row ``r`` is slot ``r``, prefill rows name their slot. The lanes'
+sub-meshes run side by side, so a program over all of them takes as long as its busiest lane.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import torch
+
+from vllm_tt_platform.device_time import ProgramCosts
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models.shapes import HostModelInputError
+
+if TYPE_CHECKING:
+    from vllm_tt_platform.host.models.inputs import PrefillRow
 
 
 @dataclass(frozen=True)
@@ -60,3 +69,17 @@ class LaneLayout:
     def rows(self, lane: int) -> range:
         """The global slots (decode rows) of ``lane``."""
         return range(lane * self.rows_per_lane, (lane + 1) * self.rows_per_lane)
+
+    def prefill_s(self, costs: ProgramCosts, rows: Iterable[PrefillRow]) -> float:
+        """One prefill call: each lane runs its own rows one after another on its sub-mesh
+        (``costs`` are one sub-mesh's), the lanes side by side: the busiest lane's time."""
+        per_lane = [0.0] * self.count
+        for row in rows:
+            per_lane[row.lane] += costs.prefill_s(row.end - row.start, row.start)
+        return max(per_lane)
+
+    def decode_s(self, costs: ProgramCosts, positions: torch.Tensor) -> float:
+        """One decode step over the whole batch (``positions``: one per row, -1 = padding):
+        every sub-mesh reads its own weights and its lane's KV, side by side."""
+        context = (positions + 1).clamp(min=0).reshape(self.count, self.rows_per_lane).sum(dim=1)
+        return max(costs.decode_s(int(tokens)) for tokens in context.tolist())
