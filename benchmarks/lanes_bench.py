@@ -230,7 +230,7 @@ def coordinator_share(spec: TraceSpec) -> dict[str, float]:
         return call
 
     for lane in driver.sim.scheduler.lanes:
-        for name in ("lane_view", "lane_pass", "lane_fallback", "lane_end_step", "update_from_output"):
+        for name in ("work_view", "run_pass", "fallback_phase", "end_step", "update_from_output"):
             setattr(lane, name, timed(getattr(lane, name)))
     run = run_alternating([driver])[0]
     total_us = run.host_us_per_step

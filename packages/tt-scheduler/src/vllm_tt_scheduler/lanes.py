@@ -29,12 +29,13 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.lane_config import LaneShape
-from vllm_tt_scheduler.lane_member import LaneMember, TTAsyncLaneScheduler, TTLaneScheduler
+from vllm_tt_scheduler.lane_member import TTAsyncLaneScheduler, TTLaneScheduler
 from vllm_tt_scheduler.lane_results import lane_stats, merge_engine_outputs, merge_stats
 from vllm_tt_scheduler.lane_trace import open_lane_trace
 from vllm_tt_scheduler.merge import BlockNumbering, merge_grammar, merge_outputs
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
+from vllm_tt_scheduler.scheduler import PhaseScheduling
 
 logger = init_logger("vllm." + __name__)
 
@@ -95,7 +96,7 @@ class TTLaneCoordinator(SchedulerInterface):
         self.log_stats = log_stats
         lane_cls = TTAsyncLaneScheduler if vllm_config.scheduler_config.async_scheduling else TTLaneScheduler
         lane_config = self.shape.lane_vllm_config(vllm_config)
-        self.lanes: tuple[LaneMember, ...] = tuple(
+        self.lanes: tuple[PhaseScheduling, ...] = tuple(
             lane_cls(
                 vllm_config=lane_config,
                 kv_cache_config=kv_cache_config,
@@ -127,26 +128,26 @@ class TTLaneCoordinator(SchedulerInterface):
 
     # -- one engine step ------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        views = [lane.lane_view() for lane in self.lanes]
+        views = [lane.work_view() for lane in self.lanes]
         view = combine_views(views)
         plan = self.phase_policy.plan(view)
-        outputs = [lane.lane_pass(plan, throttle_prefills) for lane in self.lanes]
+        outputs = [lane.run_pass(plan, throttle_prefills) for lane in self.lanes]
         retried = False
         if not any(out.total_num_scheduled_tokens for out in outputs):
-            fallback = next(filter(None, (lane.lane_fallback(plan) for lane in self.lanes)), None)
+            fallback = next(filter(None, (lane.fallback_phase(plan) for lane in self.lanes)), None)
             if fallback is not None:
                 if plan is Phase.PREFILL:
                     for lane, lane_view in zip(self.lanes, views, strict=True):
                         if lane_view.admissible and not (lane_view.partials or lane_view.must_scan):
-                            lane.lane_admission_blocked()
+                            lane.admission_blocked()
                 outputs = [
-                    carry_over(out, lane.lane_pass(fallback, throttle_prefills, retry=True))
+                    carry_over(out, lane.run_pass(fallback, throttle_prefills, retry=True))
                     for lane, out in zip(self.lanes, outputs, strict=True)
                 ]
                 plan, retried = fallback, True
         merged = merge_outputs(outputs, self.numbering)
         for lane, out in zip(self.lanes, outputs, strict=True):
-            lane.lane_end_step(_outcome(plan, out.total_num_scheduled_tokens))
+            lane.end_step(_outcome(plan, out.total_num_scheduled_tokens))
         phase = _outcome(plan, merged.total_num_scheduled_tokens)
         self.phase_policy.observe(phase, view)
         self.last_phase = phase

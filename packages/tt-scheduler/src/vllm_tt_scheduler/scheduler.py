@@ -8,7 +8,7 @@ finishing); this layer only picks the phase of each step and lets vLLM's own
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -26,7 +26,7 @@ from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
 from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials
 from vllm_tt_scheduler.requirements import check_vllm_config
-from vllm_tt_scheduler.trace import QueueSnapshot, open_step_trace
+from vllm_tt_scheduler.trace import NullStepTrace, QueueSnapshot, StepTrace, open_step_trace
 
 logger = init_logger("vllm." + __name__)
 
@@ -38,7 +38,16 @@ _ADMISSION_RETRY_STEPS = 16
 
 
 class PhaseScheduling(SchedulerBackports):
-    """The phase policy on top of a vLLM scheduler class (see the two subclasses)."""
+    """The phase policy on top of a vLLM scheduler class (see the two subclasses).
+
+    ``schedule()`` is built from five public steps (``work_view``, ``run_pass``,
+    ``fallback_phase``, ``admission_blocked``, ``end_step``), which the lane coordinator drives
+    directly to run every lane in one phase chosen for all of them.
+    """
+
+    coordinated: ClassVar[bool] = False
+    """A lane of ``TTLaneCoordinator``: the coordinator logs the policy and writes the step
+    trace, once for all lanes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,67 +65,40 @@ class PhaseScheduling(SchedulerBackports):
         self._step_index = 0
         self._blocked_free_blocks: int | None = None
         self._blocked_until = 0
-        self._trace = open_step_trace(envs.step_trace_path())
-        logger.info(
-            "TT phase scheduler: prefill_burst=%d, prefill_hold=%g, prefill chunk cap=%s, step trace=%s",
-            options.prefill_burst,
-            options.prefill_hold,
-            options.prefill_chunk_cap or f"step budget ({self.max_num_scheduled_tokens})",
-            envs.step_trace_path() or "off",
-        )
+        self._trace: StepTrace = NullStepTrace()
+        if not self.coordinated:
+            self._trace = open_step_trace(envs.step_trace_path())
+            logger.info("TT phase scheduler: %s, step trace=%s", self.policy_summary(),
+                        envs.step_trace_path() or "off")
+
+    def policy_summary(self) -> str:
+        """The policy settings in force, for the startup log."""
+        options = self.tt_options
+        cap = options.prefill_chunk_cap or f"step budget ({self.max_num_scheduled_tokens})"
+        return f"prefill_burst={options.prefill_burst}, prefill_hold={options.prefill_hold:g}, prefill chunk cap={cap}"
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        view = self._work_view()
+        view = self.work_view()
         plan = self.phase_policy.plan(view)
-        output = self._run_pass(plan, throttle_prefills)
+        output = self.run_pass(plan, throttle_prefills)
         retried = False
         if output.total_num_scheduled_tokens == 0:
-            fallback = self._fallback(plan)
+            fallback = self.fallback_phase(plan)
             if fallback is not None:
                 if plan is Phase.PREFILL and not (view.partials or view.must_scan):
-                    self._remember_blocked_admission()
-                self.current_step -= 1  # one engine step, however many passes it took
-                output = carry_over(output, self._run_pass(fallback, throttle_prefills))
+                    self.admission_blocked()
+                output = carry_over(output, self.run_pass(fallback, throttle_prefills, retry=True))
                 plan, retried = fallback, True
         phase = plan if output.total_num_scheduled_tokens else Phase.EMPTY
-        if phase is Phase.PREFILL:
-            self._blocked_free_blocks = None
         self.phase_policy.observe(phase, view)
-        self.last_phase = phase
-        self._trace.record(self._step_index, phase, output, self, retried)
-        self._step_index += 1
+        self.end_step(phase)
+        self._trace.record(self._step_index - 1, phase, output, self, retried)
         return output
 
-    def _run_pass(self, plan: Phase, throttle_prefills: bool) -> SchedulerOutput:
-        schedule = partial(super().schedule, throttle_prefills)
-        if plan is Phase.DECODE:
-            return self._decode_pass(schedule, self._current_partials())
-        # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
-        output, self._partials = prefill_pass(
-            self, schedule, self._current_partials(), self._prefill_tokens, self.tt_options.prefill_chunk_cap
-        )
-        return output
-
-    def _current_partials(self) -> list[Request]:
-        """The running partial prefills. Only prefill passes make them, so the list kept
-        from the last one is filtered, instead of scanning all running requests."""
-        partials = self._partials
-        if partials:
-            partials = [r for r in partials if r.status is _RUNNING and r.is_prefill_chunk]
-            self._partials = partials
-        return partials
-
-    def _fallback(self, plan: Phase) -> Phase | None:
-        """The other phase, when a pass scheduled nothing and the other might not."""
-        if plan is Phase.DECODE:
-            if self.waiting or self.kv_holding_waiting or self._current_partials():
-                return Phase.PREFILL
-            return None
-        if any(not request.is_prefill_chunk for request in self.running):
-            return Phase.DECODE
-        return None
-
-    def _work_view(self) -> WorkView:
+    # -- the steps of schedule() --------------------------------------------------------------
+    def work_view(self) -> WorkView:
+        """This scheduler's work, for the phase decision; also sizes the token budget of its
+        next prefill pass."""
         partials = self._current_partials()
         decodes = len(self.running) - len(partials)
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
@@ -136,6 +118,55 @@ class PhaseScheduling(SchedulerBackports):
             self._prefill_tokens = plan.tokens
         return WorkView(decodes, pending.count, plan.count, plan.full, plan.must_scan, max(plan.steps, 1))
 
+    def run_pass(self, plan: Phase, throttle_prefills: bool, retry: bool = False) -> SchedulerOutput:
+        """One vLLM scheduling pass that sees only ``plan``'s work (EMPTY: a prefill pass).
+
+        ``retry``: this pass replaces one whose output is discarded, in the same engine step.
+        """
+        if retry:
+            self.current_step -= 1  # one engine step, however many passes it took
+        schedule = partial(super().schedule, throttle_prefills)
+        if plan is Phase.DECODE:
+            return self._decode_pass(schedule, self._current_partials())
+        # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
+        output, self._partials = prefill_pass(
+            self, schedule, self._current_partials(), self._prefill_tokens, self.tt_options.prefill_chunk_cap
+        )
+        return output
+
+    def fallback_phase(self, plan: Phase) -> Phase | None:
+        """The other phase, when a pass of ``plan`` scheduled nothing and the other might not."""
+        if plan is Phase.DECODE:
+            if self.waiting or self.kv_holding_waiting or self._current_partials():
+                return Phase.PREFILL
+            return None
+        if any(not request.is_prefill_chunk for request in self.running):
+            return Phase.DECODE
+        return None
+
+    def admission_blocked(self) -> None:
+        """A prefill pass expected to admit admitted nothing (KV use is not always predictable):
+        back off until KV blocks are freed or a few steps passed, so the following steps do not
+        pay for the same failed pass."""
+        self._blocked_free_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        self._blocked_until = self._step_index + _ADMISSION_RETRY_STEPS
+
+    def end_step(self, phase: Phase) -> None:
+        """Record the phase the step (or this lane's slice of it) ended up with."""
+        if phase is Phase.PREFILL:
+            self._blocked_free_blocks = None
+        self.last_phase = phase
+        self._step_index += 1
+
+    def _current_partials(self) -> list[Request]:
+        """The running partial prefills. Only prefill passes make them, so the list kept
+        from the last one is filtered, instead of scanning all running requests."""
+        partials = self._partials
+        if partials:
+            partials = [r for r in partials if r.status is _RUNNING and r.is_prefill_chunk]
+            self._partials = partials
+        return partials
+
     def _admission_open(self, head: Any) -> bool:
         if self._blocked_free_blocks is not None:
             free = self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -143,10 +174,6 @@ class PhaseScheduling(SchedulerBackports):
                 return False
             self._blocked_free_blocks = None
         return self._kv_fit.fits(self, head, self._chunk)
-
-    def _remember_blocked_admission(self) -> None:
-        self._blocked_free_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        self._blocked_until = self._step_index + _ADMISSION_RETRY_STEPS
 
     def snapshot(self) -> QueueSnapshot:
         """Queue sizes and KV use, for the step trace."""
