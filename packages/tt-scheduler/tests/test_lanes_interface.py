@@ -273,3 +273,40 @@ def test_trace_lines_break_each_step_down_by_lane(tmp_path, monkeypatch) -> None
 def test_trace_off_is_the_null_object(monkeypatch) -> None:
     monkeypatch.delenv("TT_STEP_TRACE", raising=False)
     assert isinstance(coordinator()._trace, NullLaneTrace)
+
+
+def test_startup_line_and_step_trace_once_for_all_lanes(monkeypatch, tmp_path) -> None:
+    """Lanes share one policy and one trace file: the coordinator logs the policy once (naming
+    lanes x rows) and is the only writer of ``TT_STEP_TRACE``; no lane opens the file."""
+    import logging
+
+    import vllm_tt_scheduler.scheduler as phase_scheduler
+
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("TT_STEP_TRACE", str(path))
+    opened: list[str | None] = []
+    real_open = phase_scheduler.open_step_trace
+    monkeypatch.setattr(phase_scheduler, "open_step_trace", lambda p: opened.append(p) or real_open(p))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.addHandler(handler)
+    vllm_logger.setLevel(logging.INFO)
+    try:
+        sim = Engine(coordinator(lanes=4, rows=2))
+    finally:
+        vllm_logger.removeHandler(handler)
+        vllm_logger.setLevel(level)
+    messages = [r.getMessage() for r in records if r.getMessage().startswith("TT ")]
+    assert len(messages) == 1 and messages[0].startswith("TT lane coordinator: 4 lanes x 2 rows")
+    assert "prefill_burst=" in messages[0] and f"step trace={path}" in messages[0]
+    assert opened == []
+    for req_id in "abcde":
+        sim.add(make_request(req_id, 8, 3))
+    assert sim.run(40)
+    sim.scheduler.shutdown()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(len(lines))) and len(lines) > 3
+    assert all(len(line["lanes"]) == 4 for line in lines)

@@ -119,11 +119,12 @@ class TTLaneCoordinator(SchedulerInterface):
         self._in_flight: dict[int, _Step] = {}
         self._step_index = 0
         self._trace = open_lane_trace(envs.step_trace_path())
+        # Once for the engine: the lanes neither log their (shared) policy nor open a trace.
         logger.info(
-            "TT lane coordinator: %d lanes x %d rows (%s lanes), %d KV blocks per lane, block ids "
+            "TT lane coordinator: %d lanes x %d rows (%s lanes), %s, %d KV blocks per lane, block ids "
             "numbered lane * %d + lane-local id, step trace=%s",
-            self.shape.lanes, self.shape.rows_per_lane, lane_cls.__name__, self.numbering.blocks_per_lane,
-            self.numbering.blocks_per_lane, envs.step_trace_path() or "off",
+            self.shape.lanes, self.shape.rows_per_lane, lane_cls.__name__, self.lanes[0].policy_summary(),
+            self.numbering.blocks_per_lane, self.numbering.blocks_per_lane, envs.step_trace_path() or "off",
         )
 
     # -- one engine step ------------------------------------------------------------------------
