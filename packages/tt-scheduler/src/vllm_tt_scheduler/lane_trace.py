@@ -7,22 +7,15 @@ a single-scheduler trace read this one too; ``lanes`` holds each lane's own slic
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import IO, Protocol
+from typing import Protocol
 
 from vllm_tt_scheduler.phase import Phase
-from vllm_tt_scheduler.trace import QueueProbe
-
-
-class _Output(Protocol):
-    num_scheduled_tokens: dict[str, int]
-    finished_req_ids: set[str]
-    preempted_req_ids: set[str] | None
+from vllm_tt_scheduler.trace import JsonlFile, QueueProbe, QueueSnapshot, StepOutput, step_fields
 
 
 class LaneStepTrace(Protocol):
-    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
                lanes: Sequence[QueueProbe], retried: bool) -> None: ...
 
     def close(self) -> None: ...
@@ -31,7 +24,7 @@ class LaneStepTrace(Protocol):
 class NullLaneTrace:
     """Tracing off."""
 
-    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
                lanes: Sequence[QueueProbe], retried: bool) -> None:
         return None
 
@@ -39,50 +32,25 @@ class NullLaneTrace:
         return None
 
 
-def _slice(output: _Output, probe: QueueProbe) -> dict[str, object]:
-    snap = probe.snapshot()
-    return {
-        "scheduled": dict(sorted(output.num_scheduled_tokens.items())),
-        "num_waiting": snap.num_waiting,
-        "num_running": snap.num_running,
-        "preempted": sorted(output.preempted_req_ids or ()),
-        "finished": sorted(output.finished_req_ids),
-        "kv_blocks_used": snap.kv_blocks_used,
-        "kv_blocks_total": snap.kv_blocks_total,
-    }
+class JsonlLaneTrace(JsonlFile):
+    """One JSON object per engine step: the merged step's keys, queues summed over lanes."""
 
-
-class JsonlLaneTrace:
-    """One JSON object per engine step, line-buffered (a crash keeps what was written)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: IO[str] | None = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-
-    def record(self, step: int, phase: Phase, output: _Output, lane_outputs: Sequence[_Output],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
                lanes: Sequence[QueueProbe], retried: bool) -> None:
-        if self._file is None:
+        if self.closed:
             return
-        slices = [_slice(lane_output, probe) for lane_output, probe in zip(lane_outputs, lanes, strict=True)]
-        line = {
+        snaps = [probe.snapshot() for probe in lanes]
+        total = QueueSnapshot(
+            sum(s.num_waiting for s in snaps), sum(s.num_running for s in snaps),
+            sum(s.kv_blocks_used for s in snaps), sum(s.kv_blocks_total for s in snaps),
+        )
+        self.write({
             "step": step,
             "phase": phase.value,
-            "scheduled": dict(sorted(output.num_scheduled_tokens.items())),
-            "num_waiting": sum(s["num_waiting"] for s in slices),  # type: ignore[misc]
-            "num_running": sum(s["num_running"] for s in slices),  # type: ignore[misc]
-            "preempted": sorted(output.preempted_req_ids or ()),
-            "finished": sorted(output.finished_req_ids),
-            "kv_blocks_used": sum(s["kv_blocks_used"] for s in slices),  # type: ignore[misc]
-            "kv_blocks_total": sum(s["kv_blocks_total"] for s in slices),  # type: ignore[misc]
+            **step_fields(output, total),
             "retried": retried,
-            "lanes": slices,
-        }
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+            "lanes": [step_fields(out, snap) for out, snap in zip(lane_outputs, snaps, strict=True)],
+        })
 
 
 def open_lane_trace(path: str | None) -> LaneStepTrace:

@@ -23,7 +23,9 @@ class QueueSnapshot:
     kv_blocks_total: int
 
 
-class _Output(Protocol):
+class StepOutput(Protocol):
+    """What a trace reads of a scheduler output."""
+
     num_scheduled_tokens: dict[str, int]
     finished_req_ids: set[str]
     preempted_req_ids: set[str] | None
@@ -32,7 +34,7 @@ class _Output(Protocol):
 class StepTrace(Protocol):
     """Receives every scheduled step."""
 
-    def record(self, step: int, phase: Phase, output: _Output, queues: QueueProbe, retried: bool) -> None: ...
+    def record(self, step: int, phase: Phase, output: StepOutput, queues: QueueProbe, retried: bool) -> None: ...
 
     def close(self) -> None: ...
 
@@ -46,42 +48,55 @@ class QueueProbe(Protocol):
 class NullStepTrace:
     """Tracing off: every call is a no-op."""
 
-    def record(self, step: int, phase: Phase, output: _Output, queues: QueueProbe, retried: bool) -> None:
+    def record(self, step: int, phase: Phase, output: StepOutput, queues: QueueProbe, retried: bool) -> None:
         return None
 
     def close(self) -> None:
         return None
 
 
-class JsonlStepTrace:
-    """Writes one JSON object per step to a file (line-buffered, so a crash keeps it)."""
+def step_fields(output: StepOutput, snap: QueueSnapshot) -> dict[str, object]:
+    """What one scheduler output did and the queues it left, as trace keys (also the lane
+    trace's per-lane slice, so the two read alike)."""
+    return {
+        "scheduled": dict(sorted(output.num_scheduled_tokens.items())),
+        "num_waiting": snap.num_waiting,
+        "num_running": snap.num_running,
+        "preempted": sorted(output.preempted_req_ids or ()),
+        "finished": sorted(output.finished_req_ids),
+        "kv_blocks_used": snap.kv_blocks_used,
+        "kv_blocks_total": snap.kv_blocks_total,
+    }
+
+
+class JsonlFile:
+    """A trace file with one JSON object per line (line-buffered, so a crash keeps it)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._file: IO[str] | None = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
-    def record(self, step: int, phase: Phase, output: _Output, queues: QueueProbe, retried: bool) -> None:
-        if self._file is None:
-            return
-        snap = queues.snapshot()
-        line = {
-            "step": step,
-            "phase": phase.value,
-            "scheduled": dict(sorted(output.num_scheduled_tokens.items())),
-            "num_waiting": snap.num_waiting,
-            "num_running": snap.num_running,
-            "preempted": sorted(output.preempted_req_ids or ()),
-            "finished": sorted(output.finished_req_ids),
-            "kv_blocks_used": snap.kv_blocks_used,
-            "kv_blocks_total": snap.kv_blocks_total,
-            "retried": retried,
-        }
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def write(self, line: dict[str, object]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class JsonlStepTrace(JsonlFile):
+    """Writes one JSON object per step to a file."""
+
+    def record(self, step: int, phase: Phase, output: StepOutput, queues: QueueProbe, retried: bool) -> None:
+        if self.closed:
+            return
+        self.write({"step": step, "phase": phase.value, **step_fields(output, queues.snapshot()), "retried": retried})
 
 
 def open_step_trace(path: str | None) -> StepTrace:
