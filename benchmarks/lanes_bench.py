@@ -20,12 +20,10 @@ Writes JSON and a markdown table into benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -35,23 +33,16 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 SCHEMA_VERSION = 1
 HOST_COST_TARGET = 1.3
 
 
-@dataclass(frozen=True)
-class TraceSpec:
-    """The synthetic workload: Poisson arrivals near the decode capacity of 32 rows."""
-
-    num_requests: int = 1500
-    prompt_min: int = 16
-    prompt_max: int = 1024
-    output_min: int = 8
-    output_max: int = 256
-    load: float = 0.9
-    """Arrivals per step as a fraction of 32 rows / mean output length."""
-    seed: int = 0
+TRACE = TraceSpec(num_requests=1500)
+"""Poisson arrivals at 0.9 of the decode capacity of 32 rows."""
 
 
 @dataclass(frozen=True)
@@ -78,25 +69,6 @@ LANES = Shape("4 x 8 (TTLaneCoordinator)", lanes=4, rows=8)
 
 
 @dataclass(frozen=True)
-class Arrival:
-    step: int
-    req_id: str
-    prompt_len: int
-    output_len: int
-
-
-def make_trace(spec: TraceSpec, rows: int) -> list[Arrival]:
-    rng = random.Random(spec.seed)
-    rate = spec.load * rows / ((spec.output_min + spec.output_max) / 2)
-    clock, arrivals = 0.0, []
-    for i in range(spec.num_requests):
-        clock += rng.expovariate(rate)
-        arrivals.append(Arrival(int(clock), f"r{i}", rng.randint(spec.prompt_min, spec.prompt_max),
-                                rng.randint(spec.output_min, spec.output_max)))
-    return arrivals
-
-
-@dataclass(frozen=True)
 class HostRun:
     shape: str
     steps: int
@@ -111,7 +83,7 @@ class HostRun:
     preemptions: int
 
 
-class Driver:
+class Driver(TraceDriver):
     """Feeds one scheduler the trace, a chunk of engine steps at a time."""
 
     def __init__(self, shape: Shape, trace: list[Arrival]) -> None:
@@ -128,65 +100,21 @@ class Driver:
             max_model_len=shape.max_model_len, block_size=shape.block_size, num_blocks=shape.pool_blocks(), tt=tt,
         )
         self.shape = shape
-        self.sim = Engine(build_scheduler(cls, config))
-        self.pending = list(reversed(trace))
-        self.phases: dict[str, int] = {}
-        self.preemptions = 0
-
-    @property
-    def done(self) -> bool:
-        return not self.pending and not self.sim.has_work()
-
-    def advance(self, steps: int) -> None:
-        from vllm_tt_scheduler.sim import make_request
-
-        sim, pending = self.sim, self.pending
-        for _ in range(steps):
-            if self.done:
-                return
-            while pending and pending[-1].step <= sim.step_index:
-                arrival = pending.pop()
-                sim.add(make_request(arrival.req_id, arrival.prompt_len, arrival.output_len))
-            if not sim.has_work():
-                sim.step_index += 1  # idle: time passes until the next arrival
-                continue
-            record = sim.step()
-            if record is not None and record.phase is not None:
-                self.phases[record.phase.value] = self.phases.get(record.phase.value, 0) + 1
-                self.preemptions += len(record.preempted)
+        super().__init__(Engine(build_scheduler(cls, config)), trace)
 
     def result(self) -> HostRun:
-        ttfts, gaps, intervals = [], 0, 0
-        for log in self.sim.logs.values():
-            if log.finishes != 1 or not log.token_steps:
-                raise RuntimeError(f"request did not finish exactly once: {log}")
-            ttfts.append(log.token_steps[0] - log.arrival_step + 1)
-            gaps += log.token_steps[-1] - log.token_steps[0]
-            intervals += len(log.token_steps) - 1
+        from vllm_tt_scheduler import Phase
+
+        times = self.token_times()
         host = self.sim.host
         total_us = (host.schedule + host.update) * 1e6
         return HostRun(
             shape=self.shape.name, steps=host.steps, host_us_per_step=total_us / host.steps,
-            host_us_per_token=total_us / (intervals + len(ttfts)),
+            host_us_per_token=total_us / times.tokens,
             schedule_us_per_step=host.schedule * 1e6 / host.steps, update_us_per_step=host.update * 1e6 / host.steps,
-            prefill_steps=self.phases.get("prefill", 0), decode_steps=self.phases.get("decode", 0),
-            mean_ttft_steps=statistics.fmean(ttfts), mean_itl_steps=gaps / max(intervals, 1),
-            preemptions=self.preemptions,
+            prefill_steps=self.phases[Phase.PREFILL], decode_steps=self.phases[Phase.DECODE],
+            mean_ttft_steps=times.ttft_steps, mean_itl_steps=times.itl_steps, preemptions=self.preemptions,
         )
-
-
-def run_alternating(drivers: list[Driver], chunk: int = 32) -> list[HostRun]:
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()  # a collection would land on a random step of either side
-    try:
-        while not all(driver.done for driver in drivers):
-            for driver in drivers:
-                driver.advance(chunk)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return [driver.result() for driver in drivers]
 
 
 def host_cost(spec: TraceSpec, pairs: int) -> dict[str, Any]:
@@ -440,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-e2e", action="store_true", help="only (a), the host cost")
     args = parser.parse_args(argv)
 
-    spec = TraceSpec(num_requests=120) if args.quick else TraceSpec()
+    spec = replace(TRACE, num_requests=120) if args.quick else TRACE
     if args.requests is not None:
         spec = replace(spec, num_requests=args.requests)
     started = time.perf_counter()

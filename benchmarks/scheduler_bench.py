@@ -14,11 +14,9 @@ samples tokens (``vllm_tt_scheduler.sim``). Writes JSON and a markdown table.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import platform
-import random
 import statistics
 import sys
 import time
@@ -27,24 +25,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
+
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "scheduler_bench.json"
 DEFAULT_MARKDOWN = REPO / "benchmarks" / "results" / "scheduler_bench.md"
 SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class TraceSpec:
-    """The synthetic workload."""
-
-    num_requests: int = 2000
-    prompt_min: int = 16
-    prompt_max: int = 1024
-    output_min: int = 8
-    output_max: int = 256
-    load: float = 0.9
-    """Arrival rate as a fraction of saturation: running slots / mean output length,
-    the requests per step the stock scheduler can finish at best."""
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,33 +57,6 @@ ENGINES = {
     "pressure": EngineSpec(kv_fraction=0.35),
     "trace256": EngineSpec(prefill_trace_max=256),
 }
-
-
-@dataclass(frozen=True)
-class Arrival:
-    step: int
-    req_id: str
-    prompt_len: int
-    output_len: int
-
-
-def make_trace(spec: TraceSpec, max_num_seqs: int) -> list[Arrival]:
-    """Poisson arrivals, in engine steps, at ``spec.load`` of saturation."""
-    rng = random.Random(spec.seed)
-    rate = spec.load * max_num_seqs / ((spec.output_min + spec.output_max) / 2)
-    clock = 0.0
-    arrivals = []
-    for i in range(spec.num_requests):
-        clock += rng.expovariate(rate)
-        arrivals.append(
-            Arrival(
-                step=int(clock),
-                req_id=f"r{i}",
-                prompt_len=rng.randint(spec.prompt_min, spec.prompt_max),
-                output_len=rng.randint(spec.output_min, spec.output_max),
-            )
-        )
-    return arrivals
 
 
 @dataclass(frozen=True)
@@ -131,12 +90,12 @@ class RunResult:
     preemptions: int
 
 
-class Driver:
+class Driver(TraceDriver):
     """Feeds one trace to one scheduler, a few steps at a time."""
 
     def __init__(self, run: Run, trace: list[Arrival], spec: TraceSpec) -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm_tt_scheduler import Phase, TTScheduler
+        from vllm_tt_scheduler import TTScheduler
         from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
 
         engine = ENGINES[run.engine]
@@ -158,45 +117,12 @@ class Driver:
         )
         cls = Scheduler if run.scheduler == "stock" else TTScheduler
         self.run = run
-        self.sim = Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler)
-        self.counts = {Phase.PREFILL: 0, Phase.DECODE: 0, Phase.EMPTY: 0, None: 0}
-        self.preemptions = 0
-        self.pending = list(reversed(trace))
-
-    @property
-    def done(self) -> bool:
-        return not self.pending and not self.sim.has_work()
-
-    def advance(self, steps: int) -> None:
-        from vllm_tt_scheduler.sim import make_request
-
-        sim, pending = self.sim, self.pending
-        for _ in range(steps):
-            if self.done:
-                return
-            while pending and pending[-1].step <= sim.step_index:
-                arrival = pending.pop()
-                sim.add(make_request(arrival.req_id, arrival.prompt_len, arrival.output_len))
-            if not sim.has_work():
-                sim.step_index += 1  # idle engine: time passes until the next arrival
-                continue
-            record = sim.step()
-            if record is not None:
-                self.counts[record.phase] += 1
-                self.preemptions += len(record.preempted)
+        super().__init__(Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler), trace)
 
     def result(self) -> RunResult:
         from vllm_tt_scheduler import Phase
 
-        ttfts, gaps, intervals, max_gap = [], 0, 0, 0
-        for log in self.sim.logs.values():
-            if log.finishes != 1 or not log.token_steps:
-                raise RuntimeError(f"request did not finish exactly once: {log}")
-            steps = log.token_steps
-            ttfts.append(steps[0] - log.arrival_step + 1)
-            gaps += steps[-1] - steps[0]
-            intervals += len(steps) - 1
-            max_gap = max([max_gap, *(b - a for a, b in zip(steps, steps[1:], strict=False))])
+        times = self.token_times()
         host = self.sim.host
         host_us = (host.schedule + host.update) * 1e6
         run = self.run
@@ -208,13 +134,13 @@ class Driver:
             prefill_hold=run.prefill_hold,
             steps=host.steps,
             host_us_per_step=host_us / host.steps,
-            host_us_per_token=host_us / (intervals + len(ttfts)),
-            ttft_steps=statistics.fmean(ttfts),
-            itl_steps=gaps / intervals,
-            max_gap_steps=max_gap,
-            prefill_steps=self.counts[Phase.PREFILL],
-            decode_steps=self.counts[Phase.DECODE],
-            mixed_steps=self.counts[None],
+            host_us_per_token=host_us / times.tokens,
+            ttft_steps=times.ttft_steps,
+            itl_steps=times.itl_steps,
+            max_gap_steps=times.max_gap_steps,
+            prefill_steps=self.phases[Phase.PREFILL],
+            decode_steps=self.phases[Phase.DECODE],
+            mixed_steps=self.phases[None],
             preemptions=self.preemptions,
         )
 
@@ -237,7 +163,7 @@ def count_calls(run: Run, trace: list[Arrival], spec: TraceSpec) -> dict[str, fl
         if "vllm_tt_scheduler" in path:
             if not path.endswith(("sim.py", "phase.py")):  # the runner's side
                 calls["vllm_tt_scheduler"] += ncalls
-        elif "scheduler_bench" in path:
+        elif path.endswith(("scheduler_bench.py", "workload.py")):
             continue
         elif f"{'/'}vllm{'/'}" in path:
             calls["vllm"] += ncalls
@@ -245,22 +171,6 @@ def count_calls(run: Run, trace: list[Arrival], spec: TraceSpec) -> dict[str, fl
             calls["builtin"] += ncalls
     steps = driver.sim.host.steps
     return {origin: count / steps for origin, count in calls.items()}
-
-
-def run_alternating(drivers: list[Driver], chunk: int = 32) -> list[RunResult]:
-    """Run the drivers to completion, ``chunk`` steps each in turn, so that a change in
-    machine load (other processes) hits all of them alike."""
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()  # collections would land on random steps of either scheduler
-    try:
-        while not all(driver.done for driver in drivers):
-            for driver in drivers:
-                driver.advance(chunk)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return [driver.result() for driver in drivers]
 
 
 @dataclass(frozen=True)
