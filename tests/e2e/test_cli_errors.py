@@ -18,20 +18,23 @@ CASES = [
      "did you mean --additional-config.tt.trace_mode"),
     ("tensor-parallel", ["-tp", "2"], {}, "--tensor-parallel-size", "MESH_DEVICE"),
     ("mesh-device", [], {"MESH_DEVICE": "T4K"}, "MESH_DEVICE='T4K'", "T3K"),
-    ("async-without-capability", ["--async-scheduling"], {"EXTRA_MODELS_DIR": "<sync-only bundle>"},
+    ("async-without-capability", ["--async-scheduling"], {"EXTRA_MODELS_DIR": "<limited bundle>"},
      "--async-scheduling", "supports_async_decode"),
+    ("prefix-caching-without-capability", ["--enable-prefix-caching"], {"EXTRA_MODELS_DIR": "<limited bundle>"},
+     "--enable-prefix-caching", "supports_prefix_caching"),
 ]
 
 
 @pytest.fixture(scope="module")
-def sync_only_bundles(tmp_path_factory) -> str:
-    """A bundle serving Llama checkpoints with a model that does not declare async decode."""
+def limited_bundles(tmp_path_factory) -> str:
+    """A bundle serving Llama checkpoints with a model that declares neither async decode nor
+    prefix caching."""
     root = tmp_path_factory.mktemp("bundles")
     bundle = root / "sync_llama"
     bundle.mkdir()
     (bundle / "vllm_metadata.json").write_text(json.dumps({
         "arch": "LlamaForCausalLM", "main_class": "sync_llama:SyncLlama",
-        "capabilities": {"supports_async_decode": False},
+        "capabilities": {"supports_async_decode": False, "supports_prefix_caching": False},
     }))
     (bundle / "sync_llama.py").write_text(
         "from vllm_tt_platform.host.models.families import HostLlamaForCausalLM\n\n\n"
@@ -41,9 +44,9 @@ def sync_only_bundles(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(("args", "env", "setting", "hint"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_serve_rejects_bad_configuration(tiny_checkpoint, sync_only_bundles, args, env, setting, hint):
+def test_serve_rejects_bad_configuration(tiny_checkpoint, limited_bundles, args, env, setting, hint):
     model = tiny_checkpoint("llama")
-    env = {k: sync_only_bundles if v == "<sync-only bundle>" else v for k, v in env.items()}
+    env = {k: limited_bundles if v == "<limited bundle>" else v for k, v in env.items()}
     result = subprocess.run(
         vllm_command("serve", str(model), "--port", "1", "--max-model-len", "256", *args),
         env={**os.environ, "TT_MESH_BACKEND": "host", **env}, capture_output=True, text=True, timeout=300,

@@ -60,13 +60,14 @@ class TTPlatform(Platform):
 
     @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
-        # On TT, overlapped decode is opt-in: --async-scheduling must be asked for, so that
-        # asking for it on a model that cannot overlap is an error instead of a silent no-op.
+        # On TT, overlapped decode is opt-in from the CLI. Explicit --async-scheduling and
+        # --enable-prefix-caching are recorded, so that asking for one on a model that cannot
+        # serve it is an error instead of a silent downgrade.
         if parser is not None:
-            from vllm_tt_platform.setup import mark_cli_defaults_applied
+            from vllm_tt_platform.cli_flags import record_explicit_use
 
             parser.set_defaults(async_scheduling=False)
-            mark_cli_defaults_applied()
+            record_explicit_use(parser)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:

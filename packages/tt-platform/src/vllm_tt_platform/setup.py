@@ -14,7 +14,7 @@ from vllm.logger import init_logger
 from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
 
-from vllm_tt_platform import request_rules
+from vllm_tt_platform import cli_flags, request_rules
 from vllm_tt_platform.config import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.topology import Topology, mesh_request
@@ -109,16 +109,6 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
     return True
 
 
-_cli_defaults_applied = False
-"""Set in the CLI process once our parser defaults are in place: from then on a True
-``async_scheduling`` can only come from an explicit ``--async-scheduling``."""
-
-
-def mark_cli_defaults_applied() -> None:
-    global _cli_defaults_applied
-    _cli_defaults_applied = True
-
-
 def configure(vllm_config: VllmConfig) -> None:
     check_environment()
     if vllm_config.model_config is None:
@@ -130,17 +120,21 @@ def configure(vllm_config: VllmConfig) -> None:
     tt = tt_section(vllm_config)
     caps = setup.capabilities
     scheduler = vllm_config.scheduler_config
+    cache = vllm_config.cache_config
 
+    # Only the CLI can tell an explicit request from vLLM's default (see cli_flags); with
+    # vllm.LLM(...) an unsupported async scheduling or prefix caching is switched off below.
     check_capabilities(
         setup.config, caps, setup.model.arch,
-        async_requested=bool(scheduler.async_scheduling) and _cli_defaults_applied,
+        async_requested=bool(scheduler.async_scheduling) and cli_flags.given("async_scheduling"),
+        prefix_caching_requested=bool(cache.enable_prefix_caching)
+        and cli_flags.given("enable_prefix_caching"),
     )
     request_rules.install(request_rules.RequestRules.of(setup.model.arch, caps))
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False
 
-    cache = vllm_config.cache_config
     if cache.enable_prefix_caching and not caps.supports_prefix_caching:
         logger.info("Prefix caching off: %s does not declare supports_prefix_caching.", setup.model.arch)
         cache.enable_prefix_caching = False

@@ -82,9 +82,14 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
 
 
 def check_capabilities(
-    config: TTConfig, caps: ModelCapabilities, arch: str, *, async_requested: bool
+    config: TTConfig, caps: ModelCapabilities, arch: str, *, async_requested: bool,
+    prefix_caching_requested: bool,
 ) -> None:
-    """Options that need the model to declare a capability."""
+    """Options that need the model to declare a capability.
+
+    ``*_requested`` is true only for an explicit command-line option; vLLM's own defaults are
+    switched off by the caller instead.
+    """
     if config.sample_on_device_mode is not None and not caps.supports_sample_on_device:
         raise TTUnsupportedFeatureError(
             "--additional-config.tt.sample_on_device_mode", config.sample_on_device_mode,
@@ -96,6 +101,12 @@ def check_capabilities(
             "--async-scheduling", True,
             f"off for {arch}, whose model_capabilities do not declare supports_async_decode",
             "remove --async-scheduling",
+        )
+    if prefix_caching_requested and not caps.supports_prefix_caching:
+        raise TTUnsupportedFeatureError(
+            "--enable-prefix-caching", True,
+            f"off for {arch}, whose model_capabilities do not declare supports_prefix_caching",
+            "remove --enable-prefix-caching, or serve a model whose contract declares supports_prefix_caching",
         )
     if config.trace_mode != "none" and not config.enable_model_warmup:
         raise TTConfigError(
