@@ -86,16 +86,28 @@ class TraceDriver:
         for _ in range(steps):
             if self.done:
                 return
-            while pending and pending[-1].step <= sim.step_index:
+            while pending and self.due(pending[-1]):
                 arrival = pending.pop()
                 sim.add(make_request(arrival.req_id, arrival.prompt_len, arrival.output_len))
             if not sim.has_work():
-                sim.step_index += 1  # idle engine: time passes until the next arrival
+                self.idle(pending[-1])
                 continue
             record = sim.step()
             if record is not None:
                 self.phases[record.phase] += 1
                 self.preemptions += len(record.preempted)
+                self.stepped(record)
+
+    def due(self, arrival: Arrival) -> bool:
+        """Whether ``arrival`` has arrived by now (the clock is the engine's step index)."""
+        return arrival.step <= self.sim.step_index
+
+    def idle(self, upcoming: Arrival) -> None:
+        """Nothing to do until ``upcoming`` arrives: time passes one step."""
+        self.sim.step_index += 1
+
+    def stepped(self, record: Any) -> None:
+        """Called after each engine step with its ``sim.StepRecord``."""
 
     def token_times(self) -> TokenTimes:
         ttfts, gaps, intervals, max_gap = [], 0, 0, 0

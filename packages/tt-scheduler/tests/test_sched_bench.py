@@ -35,5 +35,12 @@ def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
             assert row["mixed_steps"] == 0 and row["ttft_vs_stock"] > 0
             assert row["prefill_burst"] >= 1 and row["prefill_hold"] >= 0
     assert {row["engine"] for row in rows} == {"ample", "pressure", "trace256"}
+    timed = result["timed"]
+    assert timed["device_model"] == "llama-3.1-8b@N150" and timed["decode_step_s"] > 0
+    assert {row["scheduler"] for row in timed["rows"]} == {"stock", "tt"}
+    for row in timed["rows"]:
+        assert row["ttft_decode_steps"] > 0 and row["itl_decode_steps"] >= 1
+        assert (row["ttft_vs_stock"] is None) == (row["scheduler"] == "stock")
     table = out_md.read_text()
     assert "host cost TT/stock per step" in table and "| trace256 |" in table
+    assert "On the modelled device clock (llama-3.1-8b@N150" in table

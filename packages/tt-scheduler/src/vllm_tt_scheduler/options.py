@@ -18,7 +18,7 @@ DEFAULT_PREFILL_BURST = 2
 # New prompts wait (to share one prefill step) until the request-steps they have waited
 # reach this multiple of the decode steps their prefill would stall; 0 admits at once.
 # See ``policy.PhasePolicy`` and docs/scheduling.md for the benchmark behind it.
-DEFAULT_PREFILL_HOLD = 0.5
+DEFAULT_PREFILL_HOLD = 0.35
 
 #: Keys this package reads from ``additional_config["tt"]``. ``_``-prefixed keys are
 #: set by the platform, never by users.
