@@ -310,3 +310,38 @@ def test_startup_line_and_step_trace_once_for_all_lanes(monkeypatch, tmp_path) -
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(len(lines))) and len(lines) > 3
     assert all(len(line["lanes"]) == 4 for line in lines)
+
+
+def test_idle_lanes_run_no_pass_until_they_have_work_or_ids_to_hand_over(monkeypatch) -> None:
+    """A lane with nothing in the step's phase and nothing to hand over (finished or preempted
+    ids) is skipped: no vLLM pass and no update (their fixed cost is most of a lane's host
+    cost). It runs again once it has work, and once more to hand its finish to the runner."""
+    sim = Engine(coordinator(lanes=2, rows=2, log_stats=True))
+    sched = sim.scheduler
+    passes: list[list[tuple[int, set[str]]]] = []
+    for index, lane in enumerate(sched.lanes):
+        real = lane.run_pass
+
+        def counted(*args, index=index, real=real, **kwargs):  # type: ignore[no-untyped-def]
+            out = real(*args, **kwargs)
+            passes[-1].append((index, set(out.finished_req_ids)))
+            return out
+
+        monkeypatch.setattr(lane, "run_pass", counted)
+
+    def step() -> list[int]:
+        passes.append([])
+        sim.step()
+        return [index for index, _ in passes[-1]]
+
+    sim.add(make_request("a", 8, 30))
+    assert [step() for _ in range(3)] == [[0]] * 3  # lane 1 holds nothing
+    sim.add(make_request("x", 8, 2))
+    assert sched.lane_of("x") == 1
+    assert step() == [1]  # x's prefill: lane 0's decode stalls, and its pass is skipped
+    assert step() == [0, 1]  # x's last decode
+    assert sim.logs["x"].finishes == 1
+    assert step() == [0, 1] and passes[-1][1] == (1, {"x"})  # lane 1 hands the finish over
+    assert [step() for _ in range(2)] == [[0]] * 2
+    stats = sched.make_stats()
+    assert stats is not None and stats.num_running_reqs == 1  # stats still cover every lane

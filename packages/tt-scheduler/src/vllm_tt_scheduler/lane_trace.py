@@ -14,8 +14,19 @@ from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.trace import JsonlFile, QueueProbe, QueueSnapshot, StepOutput, step_fields
 
 
+class _Idle:
+    """The slice of a lane that ran no pass this step."""
+
+    num_scheduled_tokens: dict[str, int] = {}
+    finished_req_ids: set[str] = set()
+    preempted_req_ids: set[str] | None = None
+
+
+_IDLE = _Idle()
+
+
 class LaneStepTrace(Protocol):
-    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput | None],
                lanes: Sequence[QueueProbe], retried: bool) -> None: ...
 
     def close(self) -> None: ...
@@ -24,7 +35,7 @@ class LaneStepTrace(Protocol):
 class NullLaneTrace:
     """Tracing off."""
 
-    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput | None],
                lanes: Sequence[QueueProbe], retried: bool) -> None:
         return None
 
@@ -35,7 +46,7 @@ class NullLaneTrace:
 class JsonlLaneTrace(JsonlFile):
     """One JSON object per engine step: the merged step's keys, queues summed over lanes."""
 
-    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput],
+    def record(self, step: int, phase: Phase, output: StepOutput, lane_outputs: Sequence[StepOutput | None],
                lanes: Sequence[QueueProbe], retried: bool) -> None:
         if self.closed:
             return
@@ -49,7 +60,7 @@ class JsonlLaneTrace(JsonlFile):
             "phase": phase.value,
             **step_fields(output, total),
             "retried": retried,
-            "lanes": [step_fields(out, snap) for out, snap in zip(lane_outputs, snaps, strict=True)],
+            "lanes": [step_fields(out or _IDLE, snap) for out, snap in zip(lane_outputs, snaps, strict=True)],
         })
 
 

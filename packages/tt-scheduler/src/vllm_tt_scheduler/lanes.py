@@ -41,10 +41,11 @@ logger = init_logger("vllm." + __name__)
 
 
 class _Step(NamedTuple):
-    """A merged step in flight, with the lane outputs it was made of (index = lane)."""
+    """A merged step in flight, with the lane outputs it was made of (index = lane; None: the
+    lane was idle and ran no pass)."""
 
     merged: SchedulerOutput
-    lanes: tuple[SchedulerOutput, ...]
+    lanes: tuple[SchedulerOutput | None, ...]
 
 
 def combine_views(views: Iterable[WorkView]) -> WorkView:
@@ -63,6 +64,11 @@ def combine_views(views: Iterable[WorkView]) -> WorkView:
     return WorkView(decodes, partials, admissible, full, must_scan, steps)
 
 
+def _empty_output() -> SchedulerOutput:
+    """What an idle lane's pass would have produced (for the rare update it still needs)."""
+    return SchedulerOutput.make_empty()
+
+
 def _outcome(plan: Phase, tokens: int) -> Phase:
     """The phase a pass of ``plan`` amounts to (an EMPTY plan runs a prefill pass)."""
     if not tokens:
@@ -75,8 +81,8 @@ class TTLaneCoordinator(SchedulerInterface):
 
     A new request goes to the lane with the fewest unfinished requests (lowest index on a tie)
     and stays there, preempted or not. The step's phase comes from the same policy as the single
-    scheduler's, over all lanes' work; lanes with nothing in that phase contribute an empty slice
-    (their pass still hands over finished ids). If a prefill pass admitted nothing anywhere while
+    scheduler's, over all lanes' work; a lane with nothing in that phase and nothing to hand
+    over (finished or preempted ids) runs no pass and no update. If a prefill pass admitted nothing anywhere while
     decodes run, every lane redoes the step as decode, carrying what the discarded pass drained.
     """
 
@@ -129,35 +135,52 @@ class TTLaneCoordinator(SchedulerInterface):
 
     # -- one engine step ------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        views = [lane.work_view() for lane in self.lanes]
+        lanes = self.lanes
+        views = [lane.work_view() for lane in lanes]
         view = combine_views(views)
         plan = self.phase_policy.plan(view)
-        outputs = [lane.run_pass(plan, throttle_prefills) for lane in self.lanes]
+        outputs = self._passes(plan, views, throttle_prefills, None)
         retried = False
-        if not any(out.total_num_scheduled_tokens for out in outputs):
-            fallback = next(filter(None, (lane.fallback_phase(plan) for lane in self.lanes)), None)
+        if not any(out is not None and out.total_num_scheduled_tokens for out in outputs):
+            fallback = next(filter(None, (lane.fallback_phase(plan) for lane in lanes)), None)
             if fallback is not None:
                 if plan is Phase.PREFILL:
-                    for lane, lane_view in zip(self.lanes, views, strict=True):
+                    for lane, lane_view in zip(lanes, views, strict=True):
                         if lane_view.admissible and not (lane_view.partials or lane_view.must_scan):
                             lane.admission_blocked()
-                outputs = [
-                    carry_over(out, lane.run_pass(fallback, throttle_prefills, retry=True))
-                    for lane, out in zip(self.lanes, outputs, strict=True)
-                ]
+                outputs = self._passes(fallback, views, throttle_prefills, outputs)
                 plan, retried = fallback, True
         merged = merge_outputs(outputs, self.numbering)
-        for lane, out in zip(self.lanes, outputs, strict=True):
-            lane.end_step(_outcome(plan, out.total_num_scheduled_tokens))
+        for lane, out in zip(lanes, outputs, strict=True):
+            lane.end_step(Phase.EMPTY if out is None else _outcome(plan, out.total_num_scheduled_tokens))
         phase = _outcome(plan, merged.total_num_scheduled_tokens)
         self.phase_policy.observe(phase, view)
         self.last_phase = phase
         self._in_flight[id(merged)] = _Step(merged, tuple(outputs))
-        self._trace.record(self._step_index, phase, merged, outputs, self.lanes, retried)
+        self._trace.record(self._step_index, phase, merged, outputs, lanes, retried)
         self._step_index += 1
         return merged
 
-    def _lane_outputs(self, merged: SchedulerOutput) -> tuple[SchedulerOutput, ...]:
+    def _passes(
+        self, plan: Phase, views: list[WorkView], throttle_prefills: bool,
+        discarded: list[SchedulerOutput | None] | None,
+    ) -> list[SchedulerOutput | None]:
+        """Every lane's pass of ``plan``; None for a lane that would schedule nothing and hand
+        nothing over (vLLM's fixed cost of a pass and an update saved). ``discarded``: the
+        outputs this step's earlier passes drained, carried into the new ones."""
+        outputs: list[SchedulerOutput | None] = []
+        for index, lane in enumerate(self.lanes):
+            before = None if discarded is None else discarded[index]
+            if before is None and lane.idle_in(plan, views[index]):
+                outputs.append(None)
+                continue
+            out = lane.run_pass(plan, throttle_prefills, retry=before is not None)
+            outputs.append(out if before is None else carry_over(before, out))
+        if all(out is None for out in outputs):  # nothing anywhere: still one (empty) pass
+            outputs[0] = self.lanes[0].run_pass(plan, throttle_prefills)
+        return outputs
+
+    def _lane_outputs(self, merged: SchedulerOutput) -> tuple[SchedulerOutput | None, ...]:
         step = self._in_flight.get(id(merged))
         if step is None or step.merged is not merged:
             raise RuntimeError(
@@ -171,7 +194,7 @@ class TTLaneCoordinator(SchedulerInterface):
             return None
         masks = []
         for lane, out in zip(self.lanes, self._lane_outputs(scheduler_output), strict=True):
-            mask = lane.get_grammar_bitmask(out)
+            mask = None if out is None else lane.get_grammar_bitmask(out)
             # vLLM hands out a view of a buffer the next lane's call overwrites.
             masks.append(None if mask is None else replace(mask, grammar_bitmask=mask.grammar_bitmask.copy()))
         return merge_grammar(masks)
@@ -182,11 +205,18 @@ class TTLaneCoordinator(SchedulerInterface):
         """Each lane takes its own rows' results (looked up by request id) from the step's."""
         lane_outputs = self._lane_outputs(scheduler_output)
         del self._in_flight[id(scheduler_output)]
-        results = [
-            lane.update_from_output(out, model_runner_output) for lane, out in zip(self.lanes, lane_outputs, strict=True)
-        ]
-        stats = merge_stats([lane_stats(result) for result in results]) if self.log_stats else None
-        return merge_engine_outputs(results, stats)
+        results: list[dict[int, EngineCoreOutputs]] = []
+        stats: list[SchedulerStats | None] = []
+        for lane, out in zip(self.lanes, lane_outputs, strict=True):
+            if out is None and not lane.finished_req_ids_dict:  # idle: nothing to update or report
+                if self.log_stats:
+                    stats.append(lane.make_stats())
+                continue
+            result = lane.update_from_output(out or _empty_output(), model_runner_output)
+            results.append(result)
+            if self.log_stats:
+                stats.append(lane_stats(result))
+        return merge_engine_outputs(results, merge_stats(stats) if self.log_stats else None)
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         for lane in self.lanes:  # each lane skips ids it does not hold
@@ -197,6 +227,8 @@ class TTLaneCoordinator(SchedulerInterface):
     ) -> None:
         invalid: dict[str, int] = {}
         for lane, out in zip(self.lanes, self._lane_outputs(scheduler_output), strict=True):
+            if out is None:
+                continue
             lane.update_draft_token_ids_in_output(draft_token_ids, out)
             scheduler_output.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
             invalid.update(out.num_invalid_spec_tokens or {})

@@ -82,7 +82,7 @@ def known_fields(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` restricted to the fields ``cls`` has in the installed vLLM release."""
     names = _field_names(cls)
     for name in [name for name in values if name not in names]:
-        del values[name]
+        values.pop(name, None)
     return values
 
 
@@ -90,10 +90,13 @@ _OUTPUT_FIELDS = _field_names(SchedulerOutput)
 _UNMERGEABLE_PRESENT = tuple(name for name in _UNMERGEABLE if name in _OUTPUT_FIELDS)
 _unmergeable_values = attrgetter(*_UNMERGEABLE_PRESENT)
 _NONE = (None,) * len(_UNMERGEABLE_PRESENT)
+_ABSENT_MERGED = tuple(MERGED_FIELDS - frozenset(_UNMERGEABLE) - _OUTPUT_FIELDS)
+"""Fields ``merge_outputs`` fills that the installed vLLM's ``SchedulerOutput`` lacks."""
 
 
-def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering) -> SchedulerOutput:
-    """One ``SchedulerOutput`` for the lanes' outputs (index = lane), rows in lane order.
+def merge_outputs(outputs: Sequence[SchedulerOutput | None], numbering: BlockNumbering) -> SchedulerOutput:
+    """One ``SchedulerOutput`` for the lanes' outputs (index = lane; None: a lane that ran no
+    pass), rows in lane order.
 
     Runs every engine step, so it skips work for empty fields (most of them, most steps).
     """
@@ -113,7 +116,13 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
     total = spec_count = 0
     structured = pending_structured = sync_loads = False
     skip_drafts = True
+    groups = 0
+    present = False
     for lane, out in enumerate(outputs):
+        if out is None:
+            continue
+        present = True
+        groups = len(out.num_common_prefix_blocks)
         if _unmergeable_values(out) != _NONE:
             name = next(n for n in _UNMERGEABLE_PRESENT if getattr(out, n) is not None)
             raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
@@ -157,7 +166,7 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
         sync_loads |= out.has_sync_kv_loads
         skip_drafts &= HAS_SKIP_DRAFTS and out.skip_drafts
         spec_count = max(spec_count, out.num_spec_tokens_to_schedule)
-    values = {
+    values: dict[str, Any] = {
         "scheduled_new_reqs": new_reqs,
         "scheduled_cached_reqs": cached,
         "num_scheduled_tokens": num_scheduled,
@@ -177,10 +186,12 @@ def merge_outputs(outputs: Sequence[SchedulerOutput], numbering: BlockNumbering)
         "kv_cache_block_copies": copies or None,
         "num_spec_tokens_to_schedule": spec_count,
         # Blocks shared by every row (cascade attention): none across separate KV pools.
-        "num_common_prefix_blocks": [0] * len(outputs[0].num_common_prefix_blocks) if outputs else [],
-        "skip_drafts": skip_drafts and bool(outputs),
+        "num_common_prefix_blocks": [0] * groups,
+        "skip_drafts": skip_drafts and present,
     }
-    return SchedulerOutput(**known_fields(SchedulerOutput, values))
+    for name in _ABSENT_MERGED:
+        values.pop(name, None)
+    return SchedulerOutput(**values)
 
 
 def _extend_cached(merged: CachedRequestData, cached: CachedRequestData, lane: int,

@@ -42,7 +42,8 @@ class PhaseScheduling(SchedulerBackports):
 
     ``schedule()`` is built from five public steps (``work_view``, ``run_pass``,
     ``fallback_phase``, ``admission_blocked``, ``end_step``), which the lane coordinator drives
-    directly to run every lane in one phase chosen for all of them.
+    directly to run every lane in one phase chosen for all of them (skipping a lane that is
+    ``idle_in`` that phase).
     """
 
     coordinated: ClassVar[bool] = False
@@ -57,6 +58,7 @@ class PhaseScheduling(SchedulerBackports):
         self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
         self.last_phase = Phase.EMPTY
         self._decode_pass = DecodePass(self)
+        self._vllm_schedule = super().schedule  # bound once: a pass runs every step, per lane
         self._partials: list[Request] = []
         self._planner = AdmissionPlanner()
         self._kv_fit = KVFit.for_scheduler(self)
@@ -102,12 +104,7 @@ class PhaseScheduling(SchedulerBackports):
         partials = self._current_partials()
         decodes = len(self.running) - len(partials)
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
-        # Requests that may still be admitted into running.
-        slots = (
-            min(self.max_num_active_reqs, self.max_num_running_reqs)
-            - len(self.running)
-            - self.num_waiting_for_streaming_input
-        )
+        slots = self._free_slots()
         if not partials and (slots <= 0 or not (self.waiting or self.kv_holding_waiting)):
             return WorkView(decodes, 0, 0)  # the common saturated decode step: nothing to plan
         pending = running_partials(partials, self._chunk)
@@ -125,7 +122,7 @@ class PhaseScheduling(SchedulerBackports):
         """
         if retry:
             self.current_step -= 1  # one engine step, however many passes it took
-        schedule = partial(super().schedule, throttle_prefills)
+        schedule = partial(self._vllm_schedule, True) if throttle_prefills else self._vllm_schedule
         if plan is Phase.DECODE:
             return self._decode_pass(schedule, self._current_partials())
         # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
@@ -151,6 +148,23 @@ class PhaseScheduling(SchedulerBackports):
         self._blocked_free_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self._blocked_until = self._step_index + _ADMISSION_RETRY_STEPS
 
+    def idle_in(self, plan: Phase, view: WorkView) -> bool:
+        """Whether a pass of ``plan`` would schedule nothing here and hand nothing over (no
+        finished or preempted ids, no freed encoder entries), so that the lane coordinator can
+        skip it; ``view`` is this step's ``work_view()``."""
+        if plan is Phase.DECODE:
+            if view.decodes:
+                return False
+        elif view.partials or view.must_scan or (
+            (self.waiting or self.kv_holding_waiting) and self._free_slots() > 0
+        ):
+            return False
+        return not (
+            self.finished_req_ids
+            or getattr(self, "reset_preempted_req_ids", None)
+            or getattr(self.encoder_cache_manager, "freed", None)
+        )
+
     def end_step(self, phase: Phase) -> None:
         """Record the phase the step (or this lane's slice of it) ended up with."""
         if phase is Phase.PREFILL:
@@ -166,6 +180,14 @@ class PhaseScheduling(SchedulerBackports):
             partials = [r for r in partials if r.status is _RUNNING and r.is_prefill_chunk]
             self._partials = partials
         return partials
+
+    def _free_slots(self) -> int:
+        """Requests that may still be admitted into running (vLLM stops admitting at 0)."""
+        return (
+            min(self.max_num_active_reqs, self.max_num_running_reqs)
+            - len(self.running)
+            - self.num_waiting_for_streaming_input
+        )
 
     def _admission_open(self, head: Any) -> bool:
         if self._blocked_free_blocks is not None:
