@@ -139,20 +139,21 @@ class TTLaneCoordinator(SchedulerInterface):
         views = [lane.work_view() for lane in lanes]
         view = combine_views(views)
         plan = self.phase_policy.plan(view)
-        outputs = self._passes(plan, views, throttle_prefills, None)
+        outputs, scheduled = self._passes(plan, views, throttle_prefills, None)
         retried = False
-        if not any(out is not None and out.total_num_scheduled_tokens for out in outputs):
+        if not scheduled:
             fallback = next(filter(None, (lane.fallback_phase(plan) for lane in lanes)), None)
             if fallback is not None:
                 if plan is Phase.PREFILL:
                     for lane, lane_view in zip(lanes, views, strict=True):
                         if lane_view.admissible and not (lane_view.partials or lane_view.must_scan):
                             lane.admission_blocked()
-                outputs = self._passes(fallback, views, throttle_prefills, outputs)
+                outputs, _ = self._passes(fallback, views, throttle_prefills, outputs)
                 plan, retried = fallback, True
         merged = merge_outputs(outputs, self.numbering)
+        ran = _outcome(plan, 1)
         for lane, out in zip(lanes, outputs, strict=True):
-            lane.end_step(Phase.EMPTY if out is None else _outcome(plan, out.total_num_scheduled_tokens))
+            lane.end_step(ran if out is not None and out.total_num_scheduled_tokens else Phase.EMPTY)
         phase = _outcome(plan, merged.total_num_scheduled_tokens)
         self.phase_policy.observe(phase, view)
         self.last_phase = phase
@@ -164,11 +165,13 @@ class TTLaneCoordinator(SchedulerInterface):
     def _passes(
         self, plan: Phase, views: list[WorkView], throttle_prefills: bool,
         discarded: list[SchedulerOutput | None] | None,
-    ) -> list[SchedulerOutput | None]:
-        """Every lane's pass of ``plan``; None for a lane that would schedule nothing and hand
-        nothing over (vLLM's fixed cost of a pass and an update saved). ``discarded``: the
-        outputs this step's earlier passes drained, carried into the new ones."""
+    ) -> tuple[list[SchedulerOutput | None], int]:
+        """Every lane's pass of ``plan``, and the tokens they scheduled; None for a lane that
+        would schedule nothing and hand nothing over (vLLM's fixed cost of a pass and an update
+        saved). ``discarded``: the outputs this step's earlier passes drained, carried over."""
         outputs: list[SchedulerOutput | None] = []
+        tokens = 0
+        ran = False
         for index, lane in enumerate(self.lanes):
             before = None if discarded is None else discarded[index]
             if before is None and lane.idle_in(plan, views[index]):
@@ -176,9 +179,11 @@ class TTLaneCoordinator(SchedulerInterface):
                 continue
             out = lane.run_pass(plan, throttle_prefills, retry=before is not None)
             outputs.append(out if before is None else carry_over(before, out))
-        if all(out is None for out in outputs):  # nothing anywhere: still one (empty) pass
+            tokens += out.total_num_scheduled_tokens
+            ran = True
+        if not ran:  # nothing anywhere: still one (empty) pass
             outputs[0] = self.lanes[0].run_pass(plan, throttle_prefills)
-        return outputs
+        return outputs, tokens
 
     def _lane_outputs(self, merged: SchedulerOutput) -> tuple[SchedulerOutput | None, ...]:
         step = self._in_flight.get(id(merged))

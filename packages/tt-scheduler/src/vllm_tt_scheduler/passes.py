@@ -96,6 +96,10 @@ class DecodePass:
         """``partials``: the running partial prefills (to hide)."""
         sched = self._sched
         waiting, holding = sched.waiting, sched.kv_holding_waiting
+        if not (partials or waiting or holding):
+            # Nothing to hide (a saturated decode step): a request vLLM preempts goes to the
+            # front of the empty waiting queue, where it would be moved to anyway.
+            return schedule()
         if partials:
             hidden = set(partials)
             sched.running = [request for request in sched.running if request not in hidden]

@@ -101,12 +101,14 @@ class PhaseScheduling(SchedulerBackports):
     def work_view(self) -> WorkView:
         """This scheduler's work, for the phase decision; also sizes the token budget of its
         next prefill pass."""
-        partials = self._current_partials()
-        decodes = len(self.running) - len(partials)
+        partials = self._current_partials() if self._partials else self._partials
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
+        if not partials and not (self.waiting or self.kv_holding_waiting):
+            return WorkView(len(self.running), 0, 0)  # the common saturated decode step: nothing to plan
         slots = self._free_slots()
-        if not partials and (slots <= 0 or not (self.waiting or self.kv_holding_waiting)):
-            return WorkView(decodes, 0, 0)  # the common saturated decode step: nothing to plan
+        if not partials and slots <= 0:
+            return WorkView(len(self.running), 0, 0)  # full: nothing to admit
+        decodes = len(self.running) - len(partials)
         pending = running_partials(partials, self._chunk)
         plan = self._planner.plan(self, slots, budget, self._chunk, pending)
         if plan.head is None or not self._admission_open(plan.head):
