@@ -158,7 +158,7 @@ def coordinator_share(spec: TraceSpec) -> dict[str, float]:
         return call
 
     for lane in driver.sim.scheduler.lanes:
-        for name in ("work_view", "run_pass", "fallback_phase", "end_step", "update_from_output"):
+        for name in ("work_view", "idle_in", "run_pass", "fallback_phase", "end_step", "update_from_output"):
             setattr(lane, name, timed(getattr(lane, name)))
     run = run_alternating([driver])[0]
     total_us = run.host_us_per_step
@@ -169,10 +169,11 @@ def coordinator_share(spec: TraceSpec) -> dict[str, float]:
 
 # -- (b) end to end --------------------------------------------------------------------------
 E2E_DEVICE_TIME = "14ms"
-"""Every emulated program (a decode step, a prefill call) takes this long, for both sides: about
-a Llama-3.3-70B decode step on a Galaxy (the host backend's cost model, ``llama-3.3-70b@TG``). A
-fixed duration keeps the two sides' device time equal: a lane-mode program runs the four
-sub-meshes side by side, as the four data-parallel ranks do."""
+"""Every emulated program (a decode step, a prefill row) takes this long on one sub-mesh, for
+both sides: about a Llama-3.3-70B decode step on a Galaxy (the host backend's cost model,
+``llama-3.3-70b@TG``). The same time per program per sub-mesh on both sides: a lane-mode program
+runs the four sub-meshes side by side (a prefill call takes its busiest lane's rows), as the four
+data-parallel ranks each run their own."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,9 @@ def _dp_bundle(root: Path) -> Path:
     return folder.parent
 
 
-def _serve_and_measure(model: Path, env: dict[str, str], log: Path, spec: E2ESpec,
-                       trace: Path | None = None) -> dict[str, Any]:
+def _serve_and_measure(model: Path, env: dict[str, str], log: Path, spec: E2ESpec, trace: Path) -> dict[str, Any]:
+    """Serve, warm up, then time ``spec.concurrent`` requests; ``trace`` gets the step trace
+    (with multi-process DP, every rank appends its own lines)."""
     import concurrent.futures
 
     sys.path.insert(0, str(REPO))
@@ -217,7 +219,7 @@ def _serve_and_measure(model: Path, env: dict[str, str], log: Path, spec: E2ESpe
     # As deployed: async scheduling overlaps each step's host work with the device's.
     args = ("--served-model-name", "tiny", "--data-parallel-size", "4", "--max-num-seqs", "8",
             "--api-server-count", "1", "--max-model-len", "512", "--async-scheduling", "--additional-config", tt)
-    env = {**env, "TT_STEP_TRACE": str(trace)} if trace else env
+    env = {**env, "TT_STEP_TRACE": str(trace)}
     with serve(model, *args, env=env, log=log, timeout=1200) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600)
 
@@ -229,30 +231,34 @@ def _serve_and_measure(model: Path, env: dict[str, str], log: Path, spec: E2ESpe
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=spec.concurrent) as pool:
             list(pool.map(lambda i: ask(i, 4), range(spec.concurrent)))  # warm-up: every rank/lane
-            first_step = len(trace.read_text().splitlines()) if trace else 0
+            first_step = len(trace.read_text().splitlines())
             start = time.perf_counter()
             tokens = sum(pool.map(ask, range(spec.concurrent)))
             seconds = time.perf_counter() - start
     result: dict[str, Any] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
-    if trace:
-        result["prefill_excess_s"] = _lane_prefill_excess(trace, first_step)
+    result["device"] = device_time_from_trace(trace, first_step)
     return result
 
 
-def _lane_prefill_excess(trace: Path, first_step: int) -> float:
-    """Device time the emulator charged lane-mode prefills beyond running the lanes side by side:
-    every prefill row costs ``E2E_DEVICE_TIME``; the emulator sums all rows of a step, the mesh
-    would take the longest lane's rows."""
+def device_time_from_trace(trace: Path, first_step: int) -> dict[str, float]:
+    """Modelled device time of the steps in ``trace`` from line ``first_step`` on: a decode step
+    is one program, a prefill step takes its rows one after another (lane mode: the busiest
+    lane's rows, the sub-meshes side by side). With multi-process DP the lines of all ranks are
+    summed, so ``device_s`` is the ranks' total; divide by the ranks for one rank's share."""
     from vllm_tt_platform.device_time import parse_device_time
 
-    row_s = parse_device_time(E2E_DEVICE_TIME).fixed_s or 0.0
-    excess_rows = 0
+    program_s = parse_device_time(E2E_DEVICE_TIME).fixed_s or 0.0
+    steps = {"prefill": 0, "decode": 0, "empty": 0}
+    prefill_programs = 0
     for line in trace.read_text().splitlines()[first_step:]:
         step = json.loads(line)
+        steps[step["phase"]] += 1
         if step["phase"] == "prefill":
-            per_lane = [len(lane["scheduled"]) for lane in step["lanes"]]
-            excess_rows += sum(per_lane) - max(per_lane)
-    return excess_rows * row_s
+            lanes = step.get("lanes") or [step]
+            prefill_programs += max(len(lane["scheduled"]) for lane in lanes)
+    return {"prefill_steps": steps["prefill"], "decode_steps": steps["decode"], "empty_steps": steps["empty"],
+            "prefill_s": prefill_programs * program_s, "decode_s": steps["decode"] * program_s,
+            "device_s": (prefill_programs + steps["decode"]) * program_s}
 
 
 def end_to_end(quick: bool, root: Path) -> dict[str, Any]:
@@ -270,34 +276,55 @@ def end_to_end(quick: bool, root: Path) -> dict[str, Any]:
                                trace=root / "lanes-steps.jsonl")
     # Each rank opens its own (2,4) sub-mesh of the Galaxy.
     dp = _serve_and_measure(model, {**base, "MESH_DEVICE": "(2,4)", "EXTRA_MODELS_DIR": str(_dp_bundle(root))},
-                            root / "dp.log", spec)
-    ratio = lanes["tokens_per_s"] / dp["tokens_per_s"]
-    side_by_side = lanes["tokens"] / (lanes["seconds"] - lanes["prefill_excess_s"])
-    rows = [
-        f"{spec.concurrent} concurrent requests ({spec.prompt_tokens}-token prompts, {spec.output_tokens} "
+                            root / "dp.log", spec, trace=root / "dp-steps.jsonl")
+    return {"status": "done", "device_time": E2E_DEVICE_TIME, "spec": asdict(spec),
+            "runs": {"lanes": lanes, "multiprocess_dp": dp},
+            "lanes_over_dp": lanes["tokens_per_s"] / dp["tokens_per_s"],
+            "decode_steps_floor": decode_steps_floor(spec, rows=32)}
+
+
+def decode_steps_floor(spec: E2ESpec, rows: int) -> int:
+    """Decode steps the requests need at least: waves of ``rows`` requests, one token each per
+    step (a request's first token comes from its prefill)."""
+    return math.ceil(spec.concurrent / rows) * (spec.output_tokens - 1)
+
+
+def e2e_markdown(e2e: dict[str, Any], cpus: int | None) -> list[str]:
+    spec, lanes, dp = e2e["spec"], e2e["runs"]["lanes"], e2e["runs"]["multiprocess_dp"]
+    ld, dd = lanes["device"], dp["device"]
+    rank_device_s = dd["device_s"] / 4
+    program_s = ld["decode_s"] / max(ld["decode_steps"], 1)
+    floor_s = e2e["decode_steps_floor"] * program_s
+    return [
+        f"{spec['concurrent']} concurrent requests ({spec['prompt_tokens']}-token prompts, {spec['output_tokens']} "
         f"tokens each, greedy) through `vllm serve` and the OpenAI client; host backend, model math "
         f"skipped, sampling on device, async scheduling; every device program (a decode step, a prefill "
-        f"row) takes {E2E_DEVICE_TIME}. Both sides: 4 x 8 rows on an emulated TG.",
+        f"row) takes {e2e['device_time']} on one `(2,4)` sub-mesh, on both sides (lanes: a prefill call takes "
+        "its busiest lane's rows, the sub-meshes side by side). Both sides: 4 x 8 rows on an emulated TG.",
         "",
-        "| data parallelism | engine processes | tokens | seconds | tokens/s |",
-        "|---|---:|---:|---:|---:|",
+        "| data parallelism | engine processes | tokens | seconds | tokens/s | decode / prefill steps "
+        "| modelled device s (per rank) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         f"| in-process lanes (`MESH_DEVICE=TG`, one program per step) | 1 | {lanes['tokens']} "
-        f"| {lanes['seconds']:.1f} | {lanes['tokens_per_s']:.0f} |",
+        f"| {lanes['seconds']:.2f} | {lanes['tokens_per_s']:.0f} | {ld['decode_steps']} / {ld['prefill_steps']} "
+        f"| {ld['device_s']:.2f} |",
         f"| vLLM multi-process DP (`MESH_DEVICE=(2,4)` per rank) | 4 | {dp['tokens']} "
-        f"| {dp['seconds']:.1f} | {dp['tokens_per_s']:.0f} |",
+        f"| {dp['seconds']:.2f} | {dp['tokens_per_s']:.0f} | {dd['decode_steps'] / 4:.0f} / "
+        f"{dd['prefill_steps'] / 4:.1f} per rank | {rank_device_s:.2f} |",
         "",
-        f"**Lanes / multi-process DP: {ratio:.2f}x tokens/s** (on {os.cpu_count()} host cores shared by every "
-        "process of both setups).",
+        f"**Lanes / multi-process DP: {e2e['lanes_over_dp']:.2f}x tokens/s** (on {cpus} host cores shared by "
+        "every process of both setups).",
         "",
-        "Caveat of the emulation: the host backend charges a lane-mode prefill call the sum of all its "
-        "rows' durations, although each lane's rows run on their own sub-mesh, side by side (the "
-        "multi-process ranks' prefills do run side by side). From the step trace, that charged lanes "
-        f"{lanes['prefill_excess_s']:.2f} s of prefill beyond the longest lane's rows; without it, lanes "
-        f"would reach about {side_by_side:.0f} tokens/s ({side_by_side / dp['tokens_per_s']:.2f}x).",
+        f"Where the time goes (step traces of the measured window): the lanes' device was busy "
+        f"{ld['device_s']:.2f} s of {lanes['seconds']:.2f} s ({ld['device_s'] / lanes['seconds']:.0%}; decode "
+        f"{ld['decode_s']:.2f} s, prefill {ld['prefill_s']:.2f} s); each DP rank's "
+        f"{rank_device_s:.2f} s of {dp['seconds']:.2f} s ({rank_device_s / dp['seconds']:.0%}). Both sides are "
+        f"bound by the modelled device: {spec['concurrent']} requests on 32 rows need at least "
+        f"{e2e['decode_steps_floor']} decode steps ({floor_s:.2f} s), and each side ran that many plus its "
+        "prefill steps, with host work overlapped (async scheduling). With the same device time per "
+        "program per sub-mesh on both sides, lanes could only be 1.5x faster if the DP ranks' devices sat "
+        "idle a third of the time, waiting for their hosts; here they are busy almost all the time.",
     ]
-    return {"status": "done", "device_time": E2E_DEVICE_TIME, "spec": asdict(spec),
-            "runs": {"lanes": lanes, "multiprocess_dp": dp}, "lanes_over_dp": ratio,
-            "lanes_prefill_side_by_side_tokens_per_s": side_by_side, "markdown": rows}
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -311,8 +338,10 @@ def markdown(result: dict[str, Any]) -> str:
         "# Lanes benchmark",
         "",
         f"Command: `python benchmarks/lanes_bench.py{' --quick' if result['quick'] else ''}`  ",
-        f"vLLM {result['vllm']}, Python {result['machine']['python']}, {result['seconds']:.0f} s. Host timings "
-        "are wall-clock on a shared machine; read the ratios, not the microseconds.",
+        f"vLLM {result['vllm']}, Python {result['machine']['python']}, {result['seconds']:.0f} s on "
+        f"{result['machine']['cpus']} cores, 1-minute load average {result['machine']['loadavg_1min'][0]:.1f} at "
+        f"the start and {result['machine']['loadavg_1min'][1]:.1f} at the end. Host timings are wall-clock on a "
+        "shared machine; read the ratios, not the microseconds.",
         "",
         "## (a) Coordinator host cost per step",
         "",
@@ -355,7 +384,7 @@ def markdown(result: dict[str, Any]) -> str:
     if e2e["status"] != "done":
         lines.append(f"{e2e['status'].capitalize()}: {e2e['reason']}.")
     else:
-        lines += e2e["markdown"]
+        lines += e2e_markdown(e2e, result["machine"]["cpus"])
     return "\n".join(lines) + "\n"
 
 
@@ -372,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests is not None:
         spec = replace(spec, num_requests=args.requests)
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "quick": args.quick}
     result["host_cost"] = host_cost(spec, pairs=1 if args.quick else 3)
     result["host_cost"]["breakdown"] = coordinator_share(spec)
@@ -380,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     result["vllm"] = vllm.__version__
-    result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                         "cpus": os.cpu_count(), "loadavg_1min": [load_start, os.getloadavg()[0]]}
     result["seconds"] = time.perf_counter() - started
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -55,22 +55,25 @@ def test_dp_bundle_registers_the_host_llama_without_lanes(tmp_path: Path) -> Non
     assert model.capabilities().single_program_lanes is False
 
 
-def test_lane_prefill_excess_counts_rows_beyond_the_longest_lane(tmp_path: Path) -> None:
+def test_device_time_from_trace_takes_the_busiest_lane_of_a_prefill_step(tmp_path: Path) -> None:
     def step(phase: str, *lanes: dict[str, int]) -> str:
         return json.dumps({"phase": phase, "lanes": [{"scheduled": lane} for lane in lanes]})
 
     trace = tmp_path / "steps.jsonl"
     trace.write_text("\n".join([
         step("prefill", {"w": 4}, {}),  # before the measured window
-        step("prefill", {"a": 9, "b": 9}, {"c": 9}, {}),  # 3 rows, longest lane 2: 1 extra row
+        step("prefill", {"a": 9, "b": 9}, {"c": 9}, {}),  # lanes side by side: lane 0's 2 rows
         step("decode", {"a": 1, "b": 1}, {"c": 1}, {}),
-        step("prefill", {"d": 9}, {"e": 9}, {"f": 9}),  # 3 rows side by side: 2 extra rows
+        step("prefill", {"d": 9}, {"e": 9}, {"f": 9}),  # 1 row each, side by side
+        json.dumps({"phase": "prefill", "scheduled": {"g": 9, "h": 9}}),  # a DP rank's line: its 2 rows
+        json.dumps({"phase": "empty", "scheduled": {}}),
     ]) + "\n")
     try:
         bench = load_bench()
-        excess = bench._lane_prefill_excess(trace, first_step=1)
-        row_s = 0.014
+        device = bench.device_time_from_trace(trace, first_step=1)
         assert bench.E2E_DEVICE_TIME == "14ms"
     finally:
         del sys.modules["lanes_bench"]
-    assert abs(excess - 3 * row_s) < 1e-9
+    row_s = 0.014
+    assert (device["prefill_steps"], device["decode_steps"], device["empty_steps"]) == (3, 1, 1)
+    assert abs(device["prefill_s"] - 5 * row_s) < 1e-9 and abs(device["device_s"] - 6 * row_s) < 1e-9
