@@ -21,8 +21,9 @@ from vllm_tt_scheduler.sim import (
     SimConfig,
     StepRecord,
     build_scheduler,
+    collapse,
+    greedy_tokens,
     make_request,
-    next_token,
 )
 
 Slice = tuple[int, int, dict[str, int]]
@@ -61,24 +62,7 @@ def engine(lanes: int, rows: int, *, runner: FakeRunner | None = None, async_sch
 def lane_table(sim: Engine, records: list[StepRecord]) -> list[tuple[object, ...]]:
     """Rows ``(repeat, phase, lanes, finished, preempted)``, identical rows collapsed."""
     slices = sim.scheduler.slices
-    table: list[tuple[object, ...]] = []
-    for record in records:
-        phase = record.phase.value[0].upper() if record.phase else "mixed"
-        row = (phase, slices[record.index], record.finished, record.preempted)
-        if table and table[-1][1:] == row:
-            table[-1] = (table[-1][0] + 1, *row)  # type: ignore[operator]
-        else:
-            table.append((1, *row))
-    return table
-
-
-def expected_tokens(req_id: str, prompt_len: int, max_tokens: int) -> list[int]:
-    tokens = list(make_request(req_id, prompt_len, max_tokens).prompt_token_ids or [])
-    out = []
-    for _ in range(max_tokens):
-        out.append(next_token(tokens))
-        tokens.append(out[-1])
-    return out
+    return collapse((record.phase_code, slices[record.index], record.finished, record.preempted) for record in records)
 
 
 def add_all(sim: Engine, lengths: dict[str, tuple[int, int]]) -> None:
@@ -88,7 +72,7 @@ def add_all(sim: Engine, lengths: dict[str, tuple[int, int]]) -> None:
 
 def assert_greedy_and_clean(sim: Engine, lengths: dict[str, tuple[int, int]]) -> None:
     for req_id, (prompt, out) in lengths.items():
-        assert sim.logs[req_id].tokens == expected_tokens(req_id, prompt, out), req_id
+        assert sim.logs[req_id].tokens == greedy_tokens(req_id, prompt, out), req_id
     assert all(log.finishes == 1 for log in sim.logs.values())
     assert not sim.unsent_finished
     assert not sim.runner.rows

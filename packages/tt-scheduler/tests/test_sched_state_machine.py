@@ -26,7 +26,7 @@ from hypothesis import Phase as HypothesisPhase
 from hypothesis import strategies as st
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, Phase, TTAsyncScheduler, TTScheduler
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, make_request, next_token
+from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request
 
 STEPS_PER_EXAMPLE = 400
 EXAMPLES_PER_TARGET = 13  # 2 targets x 13 x 400 = 10,400 steps, plus the drains
@@ -236,22 +236,13 @@ class Run:
             if log.finish_reason in ("abort", "error"):
                 continue
             prompt, max_tokens = self.lengths[req_id]
-            assert log.tokens == greedy(req_id, prompt, max_tokens), req_id
+            assert log.tokens == greedy_tokens(req_id, prompt, max_tokens), req_id
         assert not sim.unsent_finished, "finished ids never reached the runner"
         assert not sim.runner.rows, "stale requests left on the runner"
         assert not sim.scheduler.requests
         for manager in self.target.kv_managers(sim.scheduler):
             pool = manager.block_pool
             assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-
-
-def greedy(req_id: str, prompt_len: int, max_tokens: int) -> list[int]:
-    tokens = list(make_request(req_id, prompt_len, max_tokens).prompt_token_ids or [])
-    out = []
-    for _ in range(max_tokens):
-        out.append(next_token(tokens))
-        tokens.append(out[-1])
-    return out
 
 
 STATS: dict[str, int] = {"steps": 0, "preemptions": 0, "prefill": 0, "decode": 0}

@@ -15,21 +15,11 @@ from concurrent.futures import Future
 import pytest
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm_tt_scheduler import Phase, TTAsyncScheduler, TTScheduler
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, make_request, next_token, step_table
+from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request, step_table
 
 
 def engine(**config: object) -> Engine:
     return Engine(build_scheduler(TTScheduler, SimConfig(**config)))  # type: ignore[arg-type]
-
-
-def expected_tokens(req_id: str, prompt_len: int, max_tokens: int) -> list[int]:
-    """What the fake model generates greedily, never preempted."""
-    tokens = list(make_request(req_id, prompt_len, max_tokens).prompt_token_ids or [])
-    out = []
-    for _ in range(max_tokens):
-        out.append(next_token(tokens))
-        tokens.append(out[-1])
-    return out
 
 
 def assert_clean_end(sim: Engine) -> None:
@@ -49,7 +39,7 @@ def test_plain_decode() -> None:
         (1, "D", 0, 1, {"a": 1}, ("a",), ()),
         (1, "E", 0, 0, {}, (), ()),  # hands the last finished id to the runner
     ]
-    assert sim.logs["a"].tokens == expected_tokens("a", 8, 3)
+    assert sim.logs["a"].tokens == greedy_tokens("a", 8, 3)
     assert_clean_end(sim)
 
 
@@ -108,7 +98,7 @@ def test_long_prompt_is_chunked_with_decodes_interleaved() -> None:
         (1, "D", 0, 1, {"a": 1}, ("a",), ()),
         (1, "E", 0, 0, {}, (), ()),
     ]
-    assert sim.logs["b"].tokens == expected_tokens("b", 200, 2)
+    assert sim.logs["b"].tokens == greedy_tokens("b", 200, 2)
     assert_clean_end(sim)
 
 
@@ -167,8 +157,8 @@ def test_kv_pressure_preempts_and_resumes_exactly_where_it_was() -> None:
         (1, "D", 0, 1, {"b": 1}, ("b",), ()),
         (1, "E", 0, 0, {}, (), ()),
     ]
-    assert sim.logs["a"].tokens == expected_tokens("a", 16, 24)
-    assert sim.logs["b"].tokens == expected_tokens("b", 16, 24)
+    assert sim.logs["a"].tokens == greedy_tokens("a", 16, 24)
+    assert sim.logs["b"].tokens == greedy_tokens("b", 16, 24)
     assert_clean_end(sim)
 
 
@@ -297,5 +287,5 @@ def test_async_scheduling_keeps_phases_and_outputs(num_blocks: int | None) -> No
     if num_blocks:
         assert any(record.preempted for record in records)
     for req_id, (prompt, out) in lengths.items():
-        assert sim.logs[req_id].tokens == expected_tokens(req_id, prompt, out)
+        assert sim.logs[req_id].tokens == greedy_tokens(req_id, prompt, out)
     assert_clean_end(sim)

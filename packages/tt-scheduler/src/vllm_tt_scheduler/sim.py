@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -158,6 +159,17 @@ def next_token(tokens: list[int]) -> int:
     return (sum(tokens[-4:]) * 131 + len(tokens) * 17 + tokens[0]) % VOCAB + 1
 
 
+def greedy_tokens(req_id: str, prompt_len: int, max_tokens: int) -> list[int]:
+    """What the fake model generates for ``make_request(req_id, prompt_len, max_tokens)``,
+    never preempted: the reference a scheduled request's tokens must equal."""
+    tokens = list(make_request(req_id, prompt_len, max_tokens).prompt_token_ids or [])
+    out = []
+    for _ in range(max_tokens):
+        out.append(next_token(tokens))
+        tokens.append(out[-1])
+    return out
+
+
 class RunnerCheckError(AssertionError):
     """The scheduler sent the runner something inconsistent with what it ran before."""
 
@@ -271,22 +283,30 @@ class StepRecord:
     """``finished_req_ids`` handed to the runner with this step."""
     kv_blocks_used: int
 
+    @property
+    def phase_code(self) -> str:
+        """The phase as a step table writes it: P, D, E, or mixed."""
+        return "mixed" if self.phase is None else self.phase.value[0].upper()
+
     def row(self) -> tuple[str, int, int, dict[str, int], tuple[str, ...], tuple[str, ...]]:
         """The step-table row: phase, waiting, running, scheduled, finished, preempted."""
-        phase = "mixed" if self.phase is None else self.phase.value[0].upper()
-        return (phase, self.num_waiting, self.num_running, self.scheduled, self.finished, self.preempted)
+        return (self.phase_code, self.num_waiting, self.num_running, self.scheduled, self.finished, self.preempted)
 
 
-def step_table(records: list[StepRecord]) -> list[tuple[object, ...]]:
+def collapse(rows: Iterable[tuple[object, ...]]) -> list[tuple[object, ...]]:
     """Rows with runs of identical rows collapsed: ``(repeat, *row)``."""
     table: list[tuple[object, ...]] = []
-    for record in records:
-        row = record.row()
+    for row in rows:
         if table and table[-1][1:] == row:
             table[-1] = (table[-1][0] + 1, *row)  # type: ignore[operator]
         else:
             table.append((1, *row))
     return table
+
+
+def step_table(records: list[StepRecord]) -> list[tuple[object, ...]]:
+    """The records' rows, runs of identical rows collapsed: ``(repeat, *row)``."""
+    return collapse(record.row() for record in records)
 
 
 @dataclass
