@@ -55,7 +55,7 @@ def check_request(params: Any, rules: RequestRules | None = None) -> None:
     if not isinstance(params, SamplingParams):
         return
     rules = _installed if rules is None else rules
-    if getattr(params, "thinking_token_budget", None) is not None:
+    if params.thinking_token_budget is not None:
         raise TTUnsupportedRequestError(
             "thinking_token_budget is not supported by the TT backend: neither the device nor "
             "the host sampler applies it. Remove thinking_token_budget from the request.",

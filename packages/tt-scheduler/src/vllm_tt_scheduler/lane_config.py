@@ -51,7 +51,7 @@ class LaneShape:
                 f"({shape.lanes} x {shape.rows_per_lane} = {shape.rows}): the runner's row grid; "
                 "pass --max-num-seqs as the rows of one lane and let the platform multiply it"
             )
-        active = getattr(sched, "max_num_active_seqs", None)  # vLLM >= 0.31
+        active = sched.max_num_active_seqs
         if active is not None:
             raise ValueError(
                 f"max_num_active_seqs={active} is not supported with lanes "

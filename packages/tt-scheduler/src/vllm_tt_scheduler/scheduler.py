@@ -161,11 +161,7 @@ class PhaseScheduling(SchedulerBackports):
             (self.waiting or self.kv_holding_waiting) and self._free_slots() > 0
         ):
             return False
-        return not (
-            self.finished_req_ids
-            or getattr(self, "reset_preempted_req_ids", None)
-            or getattr(self.encoder_cache_manager, "freed", None)
-        )
+        return not (self.finished_req_ids or self.reset_preempted_req_ids or self.encoder_cache_manager.freed)
 
     def end_step(self, phase: Phase) -> None:
         """Record the phase the step (or this lane's slice of it) ended up with."""
