@@ -90,34 +90,39 @@ class RunResult:
     preemptions: int
 
 
+def simulated_engine(run: Run, spec: TraceSpec) -> Any:
+    """The simulated engine (``vllm_tt_scheduler.sim.Engine``) ``run`` asks for."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm_tt_scheduler import TTScheduler
+    from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
+
+    engine = ENGINES[run.engine]
+    tt: dict[str, object] = {}
+    if run.prefill_burst is not None:
+        tt["prefill_burst"] = run.prefill_burst
+    if run.prefill_hold is not None:
+        tt["prefill_hold"] = run.prefill_hold
+    if engine.prefill_trace_max is not None:
+        tt["_prefill_trace_lens"] = [engine.prefill_trace_max]
+    config = SimConfig(
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=engine.max_model_len,
+        block_size=engine.block_size,
+        num_blocks=engine.pool_blocks(spec),
+        long_prefill_token_threshold=engine.prefill_trace_max or 0,
+        tt=tt,
+    )
+    cls = Scheduler if run.scheduler == "stock" else TTScheduler
+    return Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler)
+
+
 class Driver(TraceDriver):
     """Feeds one trace to one scheduler, a few steps at a time."""
 
     def __init__(self, run: Run, trace: list[Arrival], spec: TraceSpec) -> None:
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm_tt_scheduler import TTScheduler
-        from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
-
-        engine = ENGINES[run.engine]
-        tt: dict[str, object] = {}
-        if run.prefill_burst is not None:
-            tt["prefill_burst"] = run.prefill_burst
-        if run.prefill_hold is not None:
-            tt["prefill_hold"] = run.prefill_hold
-        if engine.prefill_trace_max is not None:
-            tt["_prefill_trace_lens"] = [engine.prefill_trace_max]
-        config = SimConfig(
-            max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            max_model_len=engine.max_model_len,
-            block_size=engine.block_size,
-            num_blocks=engine.pool_blocks(spec),
-            long_prefill_token_threshold=engine.prefill_trace_max or 0,
-            tt=tt,
-        )
-        cls = Scheduler if run.scheduler == "stock" else TTScheduler
         self.run = run
-        super().__init__(Engine(build_scheduler(cls, config), strict_phases=cls is not Scheduler), trace)
+        super().__init__(simulated_engine(run, spec), trace)
 
     def result(self) -> RunResult:
         from vllm_tt_scheduler import Phase
@@ -230,12 +235,13 @@ class TimedResult:
     itl_decode_steps: float
 
 
-class TimedDriver(Driver):
+class TimedDriver(TraceDriver):
     """A run on a modelled device clock: trace steps become seconds (``StepCost.step_unit``),
     and each engine step takes its modelled device time."""
 
     def __init__(self, run: Run, trace: list[Arrival], spec: TraceSpec, cost: StepCost) -> None:
-        super().__init__(run, trace, spec)
+        super().__init__(simulated_engine(run, spec), trace)
+        self.run = run
         self.cost = cost
         self.unit = cost.step_unit(spec, ENGINES[run.engine].max_num_seqs)
         self.clock = 0.0
