@@ -15,6 +15,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from vllm_tt_scheduler.queues import size_reader
+
 Schedule = Callable[[], SchedulerOutput]
 
 
@@ -91,14 +93,16 @@ class DecodePass:
         self._sched = sched
         self._spare_waiting = create_request_queue(sched.policy)
         self._spare_holding = create_request_queue(sched.policy)
+        self._size = size_reader(sched.waiting)
 
     def __call__(self, schedule: Schedule, partials: list[Request]) -> SchedulerOutput:
         """``partials``: the running partial prefills (to hide)."""
         sched = self._sched
         waiting, holding = sched.waiting, sched.kv_holding_waiting
-        if not (partials or waiting or holding):
-            # Nothing to hide (a saturated decode step): a request vLLM preempts goes to the
-            # front of the empty waiting queue, where it would be moved to anyway.
+        if not partials and (not (self._size(waiting) or self._size(holding)) or _no_free_slot(sched)):
+            # Nothing to hide: vLLM's admission loop stops at once when no slot is free (and
+            # is skipped when it preempts), and a request it preempts goes to the front of
+            # the real waiting queue, where it would be moved to anyway.
             return schedule()
         if partials:
             hidden = set(partials)
@@ -118,6 +122,11 @@ class DecodePass:
             if partials:
                 sched.running.extend(partials)
                 _still_on_runner(sched, partials)
+
+
+def _no_free_slot(sched: Scheduler) -> bool:
+    running = len(sched.running) + sched.num_waiting_for_streaming_input
+    return running >= sched.max_num_active_reqs or running >= sched.max_num_running_reqs
 
 
 def _drain_to_front(temp: RequestQueue, real: RequestQueue, sched: Scheduler) -> RequestQueue:

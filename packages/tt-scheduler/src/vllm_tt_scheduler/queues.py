@@ -7,8 +7,11 @@ scheduling loop twice on every saturated step.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
+from typing import NamedTuple
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.interface import PauseState
@@ -22,12 +25,23 @@ _GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 _STREAMING = RequestStatus.WAITING_FOR_STREAMING_REQ
 
+_deque_len = deque.__len__
 
-@dataclass(frozen=True)
-class AdmissionPlan:
-    """What a prefill pass would do now, walking the waiting queues in order."""
 
-    count: int
+def size_reader(queue: RequestQueue) -> Callable[[RequestQueue], int]:
+    """The cheapest ``len`` for queues of ``queue``'s class. vLLM's FCFS queue is a deque
+    whose ``__len__`` and ``__bool__`` are Python overrides (two frames per truth test), and
+    the phase decision reads queue sizes on every step, per lane."""
+    if isinstance(queue, deque):
+        return _deque_len  # type: ignore[return-value]
+    return len
+
+
+class AdmissionPlan(NamedTuple):
+    """What a prefill pass would do now, walking the waiting queues in order (a tuple: one
+    is built on most steps while prompts wait; a frozen dataclass costs four times as much)."""
+
+    admitted: int
     """Requests the pass would admit."""
     tokens: int
     """Prefill tokens of the step: running partial chunks plus those admissions."""
@@ -151,12 +165,16 @@ class AdmissionPlanner:
     """``plan_admissions`` with a one-entry memo.
 
     While new prompts are held back, the same queue is planned step after step; the
-    plan is reused as long as the slots, the budget and the queues (length and head)
-    are unchanged, there are no partial prefills, and the last scan met no request
-    whose readiness can change in place (a grammar compiling, stale output, ...).
+    plan is reused as long as the slots, the budget and the queue (its length and the
+    requests at both ends) are unchanged, there are no partial prefills, and the last
+    scan met no request whose readiness can change in place (a grammar compiling, stale
+    output, ...). Both ends, because an abort inside the queue plus an arrival keeps its
+    length and head. Only FCFS queues are memoized: their ends pin down their contents
+    (vLLM only appends, prepends, pops the head and removes aborted requests).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fcfs: bool) -> None:
+        self._fcfs = fcfs
         self._key: tuple[object, ...] | None = None
         self._plan: AdmissionPlan | None = None
 
@@ -164,10 +182,11 @@ class AdmissionPlanner:
         self, sched: Scheduler, slots: int, budget: int, chunk: int, partials: Partials
     ) -> AdmissionPlan:
         key = None
-        if not partials.count:
-            waiting = sched.waiting
-            head = waiting.peek_request() if waiting else None
-            key = (slots, budget, len(waiting), head, sched.pause_state)
+        if self._fcfs and not partials.count:
+            waiting: deque[Request] = sched.waiting  # type: ignore[assignment]
+            size = _deque_len(waiting)
+            ends = (waiting[0], waiting[-1]) if size else None
+            key = (slots, budget, size, ends, sched.pause_state)
             if key == self._key and self._plan is not None:
                 return self._plan
         plan = plan_admissions(sched, slots, budget, chunk, partials)

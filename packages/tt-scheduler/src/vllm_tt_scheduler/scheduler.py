@@ -7,6 +7,7 @@ finishing); this layer only picks the phase of each step and lets vLLM's own
 
 from __future__ import annotations
 
+from collections import deque
 from functools import partial
 from typing import Any, ClassVar
 
@@ -24,7 +25,7 @@ from vllm_tt_scheduler.options import SchedulerOptions
 from vllm_tt_scheduler.passes import DecodePass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
-from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials
+from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials, size_reader
 from vllm_tt_scheduler.requirements import check_vllm_config
 from vllm_tt_scheduler.trace import NullStepTrace, QueueSnapshot, StepTrace, open_step_trace
 
@@ -60,7 +61,8 @@ class PhaseScheduling(SchedulerBackports):
         self._decode_pass = DecodePass(self)
         self._vllm_schedule = super().schedule  # bound once: a pass runs every step, per lane
         self._partials: list[Request] = []
-        self._planner = AdmissionPlanner()
+        self._planner = AdmissionPlanner(fcfs=isinstance(self.waiting, deque))
+        self._queue_size = size_reader(self.waiting)
         self._kv_fit = KVFit.for_scheduler(self)
         self._chunk = _chunk_tokens(self, options.prefill_chunk_cap)
         self._prefill_tokens = self.max_num_scheduled_tokens
@@ -103,11 +105,15 @@ class PhaseScheduling(SchedulerBackports):
         next prefill pass."""
         partials = self._current_partials() if self._partials else self._partials
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
-        if not partials and not (self.waiting or self.kv_holding_waiting):
-            return WorkView(len(self.running), 0, 0)  # the common saturated decode step: nothing to plan
-        slots = self._free_slots()
-        if not partials and slots <= 0:
-            return WorkView(len(self.running), 0, 0)  # full: nothing to admit
+        if not partials:
+            size = self._queue_size
+            if not (size(self.waiting) or size(self.kv_holding_waiting)):
+                return WorkView(len(self.running), 0, 0)  # the common saturated decode step: nothing to plan
+            slots = self._free_slots()
+            if slots <= 0:
+                return WorkView(len(self.running), 0, 0)  # full: nothing to admit
+        else:
+            slots = self._free_slots()
         decodes = len(self.running) - len(partials)
         pending = running_partials(partials, self._chunk)
         plan = self._planner.plan(self, slots, budget, self._chunk, pending)
@@ -115,7 +121,7 @@ class PhaseScheduling(SchedulerBackports):
             return WorkView(decodes, pending.count, 0, must_scan=plan.must_scan)
         if plan.tokens:
             self._prefill_tokens = plan.tokens
-        return WorkView(decodes, pending.count, plan.count, plan.full, plan.must_scan, max(plan.steps, 1))
+        return WorkView(decodes, pending.count, plan.admitted, plan.full, plan.must_scan, max(plan.steps, 1))
 
     def run_pass(self, plan: Phase, throttle_prefills: bool, retry: bool = False) -> SchedulerOutput:
         """One vLLM scheduling pass that sees only ``plan``'s work (EMPTY: a prefill pass).
