@@ -51,17 +51,8 @@ class _Step(NamedTuple):
 def combine_views(views: Iterable[WorkView]) -> WorkView:
     """The whole engine's work: a prefill step stalls every lane's decodes, and runs every
     lane's admissions and chunks."""
-    decodes = partials = admissible = 0
-    full = must_scan = False
-    steps = 1
-    for v in views:
-        decodes += v.decodes
-        partials += v.partials
-        admissible += v.admissible
-        full |= v.full
-        must_scan |= v.must_scan
-        steps = max(steps, v.steps)
-    return WorkView(decodes, partials, admissible, full, must_scan, steps)
+    decodes, partials, admissible, full, must_scan, steps = zip(*views, strict=True)
+    return WorkView(sum(decodes), sum(partials), sum(admissible), any(full), any(must_scan), max(steps))
 
 
 def _empty_output() -> SchedulerOutput:

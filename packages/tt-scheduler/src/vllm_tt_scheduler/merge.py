@@ -90,42 +90,43 @@ _OUTPUT_FIELDS = _field_names(SchedulerOutput)
 _UNMERGEABLE_PRESENT = tuple(name for name in _UNMERGEABLE if name in _OUTPUT_FIELDS)
 _unmergeable_values = attrgetter(*_UNMERGEABLE_PRESENT)
 _NONE = (None,) * len(_UNMERGEABLE_PRESENT)
-_ABSENT_MERGED = tuple(MERGED_FIELDS - frozenset(_UNMERGEABLE) - _OUTPUT_FIELDS)
-"""Fields ``merge_outputs`` fills that the installed vLLM's ``SchedulerOutput`` lacks."""
+
+# What the rest of the fields hold on almost every step (no speculative decoding, encoder
+# inputs, grammars, zeroed or copied blocks, connectors). One C-level read per lane tells
+# whether a lane needs the rare-field merge at all.
+_RARE_DEFAULTS: dict[str, Any] = {
+    "scheduled_spec_decode_tokens": {}, "scheduled_encoder_inputs": {}, "free_encoder_mm_hashes": [],
+    "encoder_input_updates": {}, "scheduled_encoder_input_stats": None, "num_invalid_spec_tokens": None,
+    "new_block_ids_to_zero": None, "kv_cache_block_copies": None, "has_structured_output_requests": False,
+    "pending_structured_output_tokens": False, "has_sync_kv_loads": False, "num_spec_tokens_to_schedule": 0,
+    **dict.fromkeys(_UNMERGEABLE),
+}
+_RARE_PRESENT = tuple(name for name in _RARE_DEFAULTS if name in _OUTPUT_FIELDS)
+_rare_values = attrgetter(*_RARE_PRESENT)
+_RARE_PLAIN = tuple(_RARE_DEFAULTS[name] for name in _RARE_PRESENT)
 
 
 def merge_outputs(outputs: Sequence[SchedulerOutput | None], numbering: BlockNumbering) -> SchedulerOutput:
     """One ``SchedulerOutput`` for the lanes' outputs (index = lane; None: a lane that ran no
     pass), rows in lane order.
 
-    Runs every engine step, so it skips work for empty fields (most of them, most steps).
+    Runs every engine step: the fields every step carries are merged here, the rest only for
+    the lanes whose output sets any of them (``_merge_rare``).
     """
     new_reqs: list[NewRequestData] = []
     cached = CachedRequestData.make_empty()
     num_scheduled: dict[str, int] = {}
-    spec_tokens: dict[str, list[int]] = {}
-    encoder_inputs: dict[str, list[int]] = {}
     finished: set[str] = set()
-    free_hashes: list[str] = []
-    encoder_updates: dict[str, Any] = {}
     preempted: set[str] | None = None
-    invalid_spec: dict[str, int] | None = None
-    to_zero: list[int] = []
-    copies: list[KVCacheBlockCopy] = []
-    encoder_stats: ScheduledEncoderInputStats | None = None
-    total = spec_count = 0
-    structured = pending_structured = sync_loads = False
-    skip_drafts = True
-    groups = 0
+    total = groups = 0
+    skip_drafts = HAS_SKIP_DRAFTS
     present = False
+    rare: list[tuple[int, SchedulerOutput]] = []
     for lane, out in enumerate(outputs):
         if out is None:
             continue
         present = True
         groups = len(out.num_common_prefix_blocks)
-        if _unmergeable_values(out) != _NONE:
-            name = next(n for n in _UNMERGEABLE_PRESENT if getattr(out, n) is not None)
-            raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
         if out.scheduled_new_reqs:
             if lane:
                 new_reqs += [replace(new, block_ids=numbering.groups(lane, new.block_ids))
@@ -136,20 +137,49 @@ def merge_outputs(outputs: Sequence[SchedulerOutput | None], numbering: BlockNum
             _extend_cached(cached, out.scheduled_cached_reqs, lane, numbering)
         num_scheduled.update(out.num_scheduled_tokens)
         total += out.total_num_scheduled_tokens
-        if out.scheduled_spec_decode_tokens:
-            spec_tokens.update(out.scheduled_spec_decode_tokens)
-        if out.scheduled_encoder_inputs:
-            encoder_inputs.update(out.scheduled_encoder_inputs)
         if out.finished_req_ids:
             finished |= out.finished_req_ids
-        if out.free_encoder_mm_hashes:
-            free_hashes += out.free_encoder_mm_hashes
-        if HAS_ENCODER_INPUT_UPDATES and out.encoder_input_updates:
-            encoder_updates.update(out.encoder_input_updates)
         if out.preempted_req_ids is not None:
             preempted = (preempted or set()) | out.preempted_req_ids
+        skip_drafts = skip_drafts and out.skip_drafts
+        if _rare_values(out) != _RARE_PLAIN:
+            rare.append((lane, out))
+    merged = SchedulerOutput(
+        scheduled_new_reqs=new_reqs,
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=total,
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        finished_req_ids=finished,
+        free_encoder_mm_hashes=[],
+        preempted_req_ids=preempted,
+        # Blocks shared by every row (cascade attention): none across separate KV pools.
+        num_common_prefix_blocks=[0] * groups,
+    )
+    if HAS_SKIP_DRAFTS:
+        merged.skip_drafts = skip_drafts and present
+    if rare:
+        _merge_rare(merged, rare, numbering)
+    return merged
+
+
+def _merge_rare(merged: SchedulerOutput, lanes: list[tuple[int, SchedulerOutput]], numbering: BlockNumbering) -> None:
+    """Merge into ``merged`` the rarely set fields of the lanes' outputs that set any."""
+    encoder_stats: ScheduledEncoderInputStats | None = None
+    to_zero: list[int] = []
+    copies: list[KVCacheBlockCopy] = []
+    for lane, out in lanes:
+        if _unmergeable_values(out) != _NONE:
+            name = next(n for n in _UNMERGEABLE_PRESENT if getattr(out, n) is not None)
+            raise RuntimeError(f"lane {lane} set SchedulerOutput.{name}; lanes cannot merge it")
+        merged.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
+        merged.scheduled_encoder_inputs.update(out.scheduled_encoder_inputs)
+        merged.free_encoder_mm_hashes += out.free_encoder_mm_hashes
+        if HAS_ENCODER_INPUT_UPDATES:
+            merged.encoder_input_updates.update(out.encoder_input_updates)
         if out.num_invalid_spec_tokens is not None:
-            invalid_spec = {**(invalid_spec or {}), **out.num_invalid_spec_tokens}
+            merged.num_invalid_spec_tokens = {**(merged.num_invalid_spec_tokens or {}), **out.num_invalid_spec_tokens}
         if out.new_block_ids_to_zero:
             to_zero += numbering.ids(lane, out.new_block_ids_to_zero)
         if out.kv_cache_block_copies:
@@ -161,37 +191,13 @@ def merge_outputs(outputs: Sequence[SchedulerOutput | None], numbering: BlockNum
             encoder_stats = encoder_stats or ScheduledEncoderInputStats()
             encoder_stats.num_inputs += stats.num_inputs
             encoder_stats.output_tokens += stats.output_tokens
-        structured |= out.has_structured_output_requests
-        pending_structured |= out.pending_structured_output_tokens
-        sync_loads |= out.has_sync_kv_loads
-        skip_drafts &= HAS_SKIP_DRAFTS and out.skip_drafts
-        spec_count = max(spec_count, out.num_spec_tokens_to_schedule)
-    values: dict[str, Any] = {
-        "scheduled_new_reqs": new_reqs,
-        "scheduled_cached_reqs": cached,
-        "num_scheduled_tokens": num_scheduled,
-        "total_num_scheduled_tokens": total,
-        "scheduled_spec_decode_tokens": spec_tokens,
-        "scheduled_encoder_inputs": encoder_inputs,
-        "finished_req_ids": finished,
-        "free_encoder_mm_hashes": free_hashes,
-        "encoder_input_updates": encoder_updates,
-        "scheduled_encoder_input_stats": encoder_stats,
-        "preempted_req_ids": preempted,
-        "has_structured_output_requests": structured,
-        "pending_structured_output_tokens": pending_structured,
-        "num_invalid_spec_tokens": invalid_spec,
-        "has_sync_kv_loads": sync_loads,
-        "new_block_ids_to_zero": to_zero or None,
-        "kv_cache_block_copies": copies or None,
-        "num_spec_tokens_to_schedule": spec_count,
-        # Blocks shared by every row (cascade attention): none across separate KV pools.
-        "num_common_prefix_blocks": [0] * groups,
-        "skip_drafts": skip_drafts and present,
-    }
-    for name in _ABSENT_MERGED:
-        values.pop(name, None)
-    return SchedulerOutput(**values)
+        merged.has_structured_output_requests |= out.has_structured_output_requests
+        merged.pending_structured_output_tokens |= out.pending_structured_output_tokens
+        merged.has_sync_kv_loads |= out.has_sync_kv_loads
+        merged.num_spec_tokens_to_schedule = max(merged.num_spec_tokens_to_schedule, out.num_spec_tokens_to_schedule)
+    merged.scheduled_encoder_input_stats = encoder_stats
+    merged.new_block_ids_to_zero = to_zero or None
+    merged.kv_cache_block_copies = copies or None
 
 
 def _extend_cached(merged: CachedRequestData, cached: CachedRequestData, lane: int,
