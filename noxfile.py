@@ -58,10 +58,10 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, then mypy over every distribution (settings in pyproject.toml, [tool.mypy])."""
+    """ruff, then mypy over every distribution and the benchmarks (settings in pyproject.toml, [tool.mypy])."""
     _install(session, NEWEST, *LINT_TOOLS)
     session.run("ruff", "check", ".")
-    session.run("mypy", *SOURCES, "tests/tombstone.py", *session.posargs)
+    session.run("mypy", *SOURCES, "tests/tombstone.py", "benchmarks", *session.posargs)
 
 
 @nox.session

@@ -20,7 +20,6 @@ Writes benchmarks/results/async_bench.json and async_bench.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from report import write_results
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -191,11 +192,7 @@ def main() -> None:
         "steps": steps,
         **run(steps),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "async_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (args.out / "async_bench.md").write_text(table)
-    print(table)
+    write_results(result, args.out / "async_bench.json", args.out / "async_bench.md", markdown(result))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+from report import write_results  # noqa: E402
 from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -227,6 +228,8 @@ def _serve_and_measure(model: Path, env: dict[str, str], log: Path, spec: E2ESpe
             prompt = [3 + (i * 7 + j) % 900 for j in range(spec.prompt_tokens)]
             result = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
                                                temperature=0, extra_body={"ignore_eos": True})
+            if result.usage is None:
+                raise RuntimeError("the server reported no token usage")
             return result.usage.completion_tokens
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=spec.concurrent) as pool:
@@ -413,12 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
                          "cpus": os.cpu_count(), "loadavg_1min": [load_start, os.getloadavg()[0]]}
     result["seconds"] = time.perf_counter() - started
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    args.markdown.write_text(table)
-    print(table)
-    print(f"wrote {args.json} and {args.markdown}")
+    write_results(result, args.json, args.markdown, markdown(result))
     return 0
 
 

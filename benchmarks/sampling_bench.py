@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import statistics
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from report import write_results
 from vllm import SamplingParams
 from vllm_tt_sampling.decision import (
     DeviceSamplingCaps,
@@ -131,12 +131,12 @@ def sampler_cost(batch: int, vocab: int, repeats: int) -> dict[str, dict[str, fl
     params = typical_batch(batch)
     wire = to_device_params(params, vocab)
     positions = torch.arange(batch, dtype=torch.int64)
-    config = SimpleNamespace(
+    config = SimpleNamespace(  # the three fields HostSamplingBatch reads of a VllmConfig
         scheduler_config=SimpleNamespace(max_num_seqs=batch),
         model_config=None,
         speculative_config=None,
     )
-    host = HostSamplingBatch(batch, vocab, config)
+    host = HostSamplingBatch(batch, vocab, config)  # type: ignore[arg-type]
     for slot, p in enumerate(params):
         gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
         host.add_request(slot, f"r{slot}", p, [1, 2, 3], [], gen)
@@ -197,11 +197,7 @@ def main() -> None:
         "decision": decision_cost(args.batch, decision_repeats),
         "sampler": sampler_cost(args.batch, args.vocab, sampler_repeats),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sampling_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (args.out / "sampling_bench.md").write_text(table)
-    print(table)
+    write_results(result, args.out / "sampling_bench.json", args.out / "sampling_bench.md", markdown(result))
 
 
 if __name__ == "__main__":

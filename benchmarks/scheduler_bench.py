@@ -14,7 +14,6 @@ samples tokens (``vllm_tt_scheduler.sim``). Writes JSON and a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -26,6 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+from report import write_results  # noqa: E402
 from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
 
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "scheduler_bench.json"
@@ -501,13 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     result["vllm"] = vllm.__version__
     result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
     result["seconds"] = time.perf_counter() - started
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(table)
-    print(table)
-    print(f"wrote {args.json} and {args.markdown} in {result['seconds']:.0f} s")
+    write_results(result, args.json, args.markdown, markdown(result))
     return 0
 
 

@@ -55,7 +55,7 @@ def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: f
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if log:
+        if not isinstance(log_file, int):
             log_file.close()
 
 
@@ -73,7 +73,9 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int
     outputs = []
     with torch.no_grad():
         for ids in prompts:
-            result = model.generate(torch.tensor([ids]), generation_config=config,
-                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            result = model.generate(  # type: ignore[misc]  # transformers' generate() stub
+                torch.tensor([ids]), generation_config=config,
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            )
             outputs.append(result[0, len(ids):].tolist())
     return outputs
