@@ -73,3 +73,20 @@ def test_grammar_output_round_trips_drafts_where_vllm_has_them():
     assert out.structured_output_request_ids == ["a", "b"] and out.grammar_bitmask is bitmask
     assert compat.acceptable_drafts(out) == ([1, 0] if compat.HAS_ACCEPTABLE_DRAFTS else None)
     assert compat.acceptable_drafts(compat.grammar_output(["a"], bitmask[:1], None)) is None
+
+
+def test_vllm_admits_nothing_while_max_num_active_reqs_is_zero():
+    """``passes.decode_pass`` closes admission through this limit alone: vLLM's loop over the
+    waiting queues must stop before touching them. If a release moves that check, this fails
+    (and the decode pass would admit prompts into a decode step)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm_tt_scheduler.sim import SimConfig, build_scheduler, make_request
+
+    sched = build_scheduler(Scheduler, SimConfig())
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}", 10, 4))
+    sched.max_num_active_reqs = 0
+    output = sched.schedule()
+    assert output.total_num_scheduled_tokens == 0
+    assert [request.request_id for request in sched.waiting] == ["r0", "r1", "r2"]
+    assert not sched.running and not sched.kv_holding_waiting

@@ -11,11 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
-
-from vllm_tt_scheduler.queues import size_reader
 
 Schedule = Callable[[], SchedulerOutput]
 
@@ -79,62 +76,24 @@ def _still_on_runner(sched: Scheduler, hidden: list[Request]) -> None:
         sched.prev_step_scheduled_req_ids.update(request.request_id for request in hidden)
 
 
-class DecodePass:
-    """Runs a pass with the waiting queues and partial prefills hidden: only decodes
-    are seen.
+def decode_pass(sched: Scheduler, schedule: Schedule, partials: list[Request]) -> SchedulerOutput:
+    """Run ``schedule`` seeing only decodes: admission closed and the running ``partials``
+    (prefills in progress) hidden.
 
-    The waiting queues are swapped for empty ones. vLLM prepends requests it preempts
-    during the call to those (temporary) queues; they are moved back to the front of
-    the real queues in the same order, or they would be lost. Empty spare queues are
-    reused across steps.
+    Admission is closed by vLLM's own limit: its loop over the waiting queues stops first
+    thing when the active requests reach ``max_num_active_reqs``, which is zero for the call
+    (``tests/test_compat.py`` pins that). The waiting queues stay in place, so a request vLLM
+    preempts during the call goes to the front of the real queue, as it would anyway.
     """
-
-    def __init__(self, sched: Scheduler) -> None:
-        self._sched = sched
-        self._spare_waiting = create_request_queue(sched.policy)
-        self._spare_holding = create_request_queue(sched.policy)
-        self._size = size_reader(sched.waiting)
-
-    def __call__(self, schedule: Schedule, partials: list[Request]) -> SchedulerOutput:
-        """``partials``: the running partial prefills (to hide)."""
-        sched = self._sched
-        waiting, holding = sched.waiting, sched.kv_holding_waiting
-        if not partials and (not (self._size(waiting) or self._size(holding)) or _no_free_slot(sched)):
-            # Nothing to hide: vLLM's admission loop stops at once when no slot is free (and
-            # is skipped when it preempts), and a request it preempts goes to the front of
-            # the real waiting queue, where it would be moved to anyway.
-            return schedule()
+    active = sched.max_num_active_reqs
+    sched.max_num_active_reqs = 0
+    if partials:
+        hidden = set(partials)
+        sched.running = [request for request in sched.running if request not in hidden]
+    try:
+        return schedule()
+    finally:
+        sched.max_num_active_reqs = active
         if partials:
-            hidden = set(partials)
-            sched.running = [request for request in sched.running if request not in hidden]
-        sched.waiting, sched.kv_holding_waiting = self._spare_waiting, self._spare_holding
-        preempted: set[str] | None = {"?"}  # unknown until the pass returns
-        try:
-            output = schedule()
-            preempted = output.preempted_req_ids
-            return output
-        finally:
-            temp_waiting, temp_holding = sched.waiting, sched.kv_holding_waiting
-            sched.waiting, sched.kv_holding_waiting = waiting, holding
-            if preempted:  # only preemption puts requests into the swapped-in queues
-                self._spare_waiting = _drain_to_front(temp_waiting, waiting, sched)
-                self._spare_holding = _drain_to_front(temp_holding, holding, sched)
-            if partials:
-                sched.running.extend(partials)
-                _still_on_runner(sched, partials)
-
-
-def _no_free_slot(sched: Scheduler) -> bool:
-    running = len(sched.running) + sched.num_waiting_for_streaming_input
-    return running >= sched.max_num_active_reqs or running >= sched.max_num_running_reqs
-
-
-def _drain_to_front(temp: RequestQueue, real: RequestQueue, sched: Scheduler) -> RequestQueue:
-    """Move requests preempted into ``temp`` to the front of ``real``; return an empty
-    queue to reuse."""
-    if not temp:
-        return temp
-    # ``temp`` holds the latest preemption first; prepending in reverse keeps that order.
-    for request in reversed(list(temp)):
-        real.prepend_request(request)
-    return create_request_queue(sched.policy)
+            sched.running.extend(partials)
+            _still_on_runner(sched, partials)

@@ -22,7 +22,7 @@ from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.compat import SchedulerBackports
 from vllm_tt_scheduler.kv_fit import KVFit
 from vllm_tt_scheduler.options import SchedulerOptions
-from vllm_tt_scheduler.passes import DecodePass, prefill_pass
+from vllm_tt_scheduler.passes import decode_pass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
 from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials, size_reader
@@ -58,7 +58,6 @@ class PhaseScheduling(SchedulerBackports):
         self.tt_options = options
         self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
         self.last_phase = Phase.EMPTY
-        self._decode_pass = DecodePass(self)
         self._vllm_schedule = super().schedule  # bound once: a pass runs every step, per lane
         self._partials: list[Request] = []
         self._planner = AdmissionPlanner(fcfs=isinstance(self.waiting, deque))
@@ -132,7 +131,7 @@ class PhaseScheduling(SchedulerBackports):
             self.current_step -= 1  # one engine step, however many passes it took
         schedule = partial(self._vllm_schedule, True) if throttle_prefills else self._vllm_schedule
         if plan is Phase.DECODE:
-            return self._decode_pass(schedule, self._current_partials())
+            return decode_pass(self, schedule, self._current_partials())
         # PREFILL, or EMPTY (nothing runs): nothing to hide beyond running decodes.
         output, self._partials = prefill_pass(
             self, schedule, self._current_partials(), self._prefill_tokens, self.tt_options.prefill_chunk_cap
