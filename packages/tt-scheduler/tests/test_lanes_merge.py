@@ -116,6 +116,26 @@ def test_empty_lanes_merge_to_an_empty_step() -> None:
     assert merged.new_block_ids_to_zero is None and merged.kv_cache_block_copies is None
 
 
+def test_a_plain_lane_beside_one_with_rare_fields() -> None:
+    """Most steps carry none of the rare fields: such a lane takes the short path, and the
+    merged dicts and lists are fresh objects, never a lane's own."""
+    plain = lane_output([], {"p": None}, skip_drafts=True)
+    rare = lane_output([], {"q": None}, skip_drafts=True, scheduled_spec_decode_tokens={"q": [4, 5]},
+                       scheduled_encoder_inputs={"q": [0]}, num_spec_tokens_to_schedule=2, has_sync_kv_loads=True)
+    merged = merge_outputs([plain, None, rare], NUMBERING)
+    assert merged.scheduled_cached_reqs.req_ids == ["p", "q"]
+    assert merged.scheduled_spec_decode_tokens == {"q": [4, 5]}
+    assert merged.scheduled_encoder_inputs == {"q": [0]}
+    assert merged.num_spec_tokens_to_schedule == 2 and merged.has_sync_kv_loads is True
+    assert merged.scheduled_spec_decode_tokens is not rare.scheduled_spec_decode_tokens
+    assert merged.free_encoder_mm_hashes is not plain.free_encoder_mm_hashes
+    if HAS_SKIP_DRAFTS:
+        assert merged.skip_drafts is True  # every lane that ran skips them
+    only_plain = merge_outputs([plain, lane_output([], {"r": None})], NUMBERING)
+    assert only_plain.scheduled_spec_decode_tokens == {} and only_plain.num_spec_tokens_to_schedule == 0
+    assert only_plain.has_sync_kv_loads is False and only_plain.scheduled_encoder_input_stats is None
+
+
 def test_connector_metadata_cannot_be_merged() -> None:
     lanes = two_lanes()
     lanes[1].kv_connector_metadata = object()
