@@ -73,8 +73,9 @@ class TTLaneCoordinator(SchedulerInterface):
     A new request goes to the lane with the fewest unfinished requests (lowest index on a tie)
     and stays there, preempted or not. The step's phase comes from the same policy as the single
     scheduler's, over all lanes' work; a lane with nothing in that phase and nothing to hand
-    over (finished or preempted ids) runs no pass and no update. If a prefill pass admitted nothing anywhere while
-    decodes run, every lane redoes the step as decode, carrying what the discarded pass drained.
+    over (finished or preempted ids) runs no pass and no update. If a prefill pass admitted
+    nothing anywhere while decodes run, every lane redoes the step as decode, carrying what the
+    discarded pass drained.
     """
 
     def __init__(
@@ -142,9 +143,8 @@ class TTLaneCoordinator(SchedulerInterface):
                 outputs, _ = self._passes(fallback, views, throttle_prefills, outputs)
                 plan, retried = fallback, True
         merged = merge_outputs(outputs, self.numbering)
-        ran = _outcome(plan, 1)
         for lane, out in zip(lanes, outputs, strict=True):
-            lane.end_step(ran if out is not None and out.total_num_scheduled_tokens else Phase.EMPTY)
+            lane.end_step(_outcome(plan, 0 if out is None else out.total_num_scheduled_tokens))
         phase = _outcome(plan, merged.total_num_scheduled_tokens)
         self.phase_policy.observe(phase, view)
         self.last_phase = phase

@@ -104,15 +104,12 @@ class PhaseScheduling(SchedulerBackports):
         next prefill pass."""
         partials = self._current_partials() if self._partials else self._partials
         budget = self._prefill_tokens = self.max_num_scheduled_tokens
-        if not partials:
-            size = self._queue_size
-            if not (size(self.waiting) or size(self.kv_holding_waiting)):
-                return WorkView(len(self.running), 0, 0)  # the common saturated decode step: nothing to plan
-            slots = self._free_slots()
-            if slots <= 0:
-                return WorkView(len(self.running), 0, 0)  # full: nothing to admit
-        else:
-            slots = self._free_slots()
+        size = self._queue_size
+        if not partials and not (size(self.waiting) or size(self.kv_holding_waiting)):
+            return WorkView(len(self.running), 0, 0)  # the common saturated decode step: nothing to plan
+        slots = self._free_slots()
+        if not partials and slots <= 0:
+            return WorkView(len(self.running), 0, 0)  # full: nothing to admit
         decodes = len(self.running) - len(partials)
         pending = running_partials(partials, self._chunk)
         plan = self._planner.plan(self, slots, budget, self._chunk, pending)
