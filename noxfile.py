@@ -61,7 +61,7 @@ def lint(session: nox.Session) -> None:
     """ruff, then mypy over every distribution and the benchmarks (settings in pyproject.toml, [tool.mypy])."""
     _install(session, NEWEST, *LINT_TOOLS)
     session.run("ruff", "check", ".")
-    session.run("mypy", *SOURCES, "tests/tombstone.py", "benchmarks", *session.posargs)
+    session.run("mypy", *SOURCES, "testing", "tests/tombstone.py", "benchmarks", *session.posargs)
 
 
 @nox.session

@@ -187,7 +187,7 @@ class E2ESpec:
 def device_time_available() -> bool:
     from dataclasses import fields
 
-    from vllm_tt_platform.config import TTConfig
+    from vllm_tt_platform.config.options import TTConfig
 
     return any(f.name == "host_device_time" for f in fields(TTConfig))
 
@@ -248,7 +248,7 @@ def device_time_from_trace(trace: Path, first_step: int) -> dict[str, float]:
     is one program, a prefill step takes its rows one after another (lane mode: the busiest
     lane's rows, the sub-meshes side by side). With multi-process DP the lines of all ranks are
     summed, so ``device_s`` is the ranks' total; divide by the ranks for one rank's share."""
-    from vllm_tt_platform.device_time import parse_device_time
+    from vllm_tt_platform.host.device_time import parse_device_time
 
     program_s = parse_device_time(E2E_DEVICE_TIME).fixed_s or 0.0
     steps = {"prefill": 0, "decode": 0, "empty": 0}

@@ -179,7 +179,7 @@ def count_calls(run: Run, trace: list[Arrival], spec: TraceSpec) -> dict[str, fl
 
 
 DEVICE_MODEL = "llama-3.1-8b@N150"
-"""The mesh whose modelled device time turns steps into seconds (``vllm_tt_platform.device_time``)."""
+"""The mesh whose modelled device time turns steps into seconds (``vllm_tt_platform.host.device_time``)."""
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,12 @@ class StepCost:
     """
 
     costs: Any
-    """A ``vllm_tt_platform.device_time.ProgramCosts``."""
+    """A ``vllm_tt_platform.host.device_time.ProgramCosts``."""
 
     @classmethod
     def of(cls, spec: str) -> StepCost:
-        from vllm_tt_platform.device_time import MODEL_PROFILES, parse_device_time
-        from vllm_tt_platform.mesh import MESH_PRESETS
+        from vllm_tt_platform.host.device_time import MODEL_PROFILES, parse_device_time
+        from vllm_tt_platform.mesh.shape import MESH_PRESETS
 
         parsed = parse_device_time(spec)
         assert parsed.mesh_preset is not None and parsed.model in MODEL_PROFILES

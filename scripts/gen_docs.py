@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vllm_tt_platform.config import markdown_reference
+from vllm_tt_platform.config.options import markdown_reference
 
 PAGES = {Path(__file__).resolve().parent.parent / "docs" / "configuration.md": markdown_reference}
 

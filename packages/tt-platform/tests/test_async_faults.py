@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from vllm_tt_platform.async_faults import NO_FAULTS, DelayPoint, RandomFaults, ScriptedFaults
+from vllm_tt_platform.runner.faults import NO_FAULTS, DelayPoint
+from vllm_tt_testing.faults import RandomFaults, ScriptedFaults
 
 
 def test_scripted_delays_hit_the_chosen_occurrences():

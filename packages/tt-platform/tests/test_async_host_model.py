@@ -9,14 +9,14 @@ import threading
 import pytest
 import torch
 from transformers import AutoConfig
-from vllm_tt_platform.async_faults import DelayPoint, Faults
-from vllm_tt_platform.device_time import parse_device_time
+from vllm_tt_platform.runner.faults import DelayPoint, Faults
+from vllm_tt_platform.host.device_time import parse_device_time
 from vllm_tt_platform.host.command_queue import CommandQueue
 from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
 from vllm_tt_platform.host.models.families import HostLlamaForCausalLM
 from vllm_tt_platform.host.models.readback import DecodeHandle, DeviceReadError, HostReadback
 from vllm_tt_platform.host.models.shapes import HostModelInputError
-from vllm_tt_platform.mesh import MeshShape
+from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_sampling.params import TTSamplingParams
 
 ROWS = 2

@@ -7,8 +7,8 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_tt_platform.batch import PersistentBatch, SlotsExhaustedError
-from vllm_tt_platform.step import DecodeInputs, PrefillInputs, StepPlan
+from vllm_tt_platform.runner.batch import PersistentBatch, SlotsExhaustedError
+from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
 from vllm_tt_scheduler.phase import MixedStepError, Phase
 
 

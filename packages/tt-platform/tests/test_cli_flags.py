@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_tt_platform import cli_flags
+from vllm_tt_platform.config import cli_flags
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
 HOST = json.dumps({"tt": {"mesh_backend": "host"}})

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from vllm_tt_platform.config import TTConfig, markdown_reference
+from vllm_tt_platform.config.options import TTConfig, markdown_reference
 from vllm_tt_platform.errors import TTConfigError
-from vllm_tt_platform.mesh import MESH_PRESETS, MeshShape, parse_mesh_device
+from vllm_tt_platform.mesh.shape import MESH_PRESETS, MeshShape, parse_mesh_device
 
 
 def test_defaults_and_provenance():

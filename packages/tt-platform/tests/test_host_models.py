@@ -24,7 +24,7 @@ from vllm_tt_platform.host.models.families import (
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError, PrefillTooLongError, TraceKey
 from vllm_tt_platform.host.tiny import ARCHITECTURES
-from vllm_tt_platform.mesh import MeshShape
+from vllm_tt_platform.mesh.shape import MeshShape
 
 MODEL_CLASSES: dict[str, type[HostCausalLM]] = {
     "llama": HostLlamaForCausalLM,

@@ -4,7 +4,7 @@ step has not run, instead of failing later on ``None``."""
 from __future__ import annotations
 
 import pytest
-from vllm_tt_platform.runner import TTModelRunner
+from vllm_tt_platform.runner.model_runner import TTModelRunner
 from vllm_tt_platform.worker import TTWorker
 
 

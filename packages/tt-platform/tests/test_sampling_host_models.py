@@ -10,7 +10,7 @@ from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models.families import HostQwen3ForCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError
-from vllm_tt_platform.mesh import MeshShape
+from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_sampling.params import TTSamplingParams
 
 BLOCK = 16

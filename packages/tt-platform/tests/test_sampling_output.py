@@ -9,23 +9,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm.sampling_params import SamplingParams
-from vllm_tt_platform.batch import RequestState
-from vllm_tt_platform.model_output import ModelOutput, ModelOutputError, is_host_output, parse
-from vllm_tt_platform.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.sampling_output import (
+from vllm_tt_platform.runner.batch import RequestState
+from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError, is_host_output, parse
+from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
+from vllm_tt_platform.runner.sampling_output import (
     UNKNOWN_RANK,
     PromptLogprobs,
     from_device,
     from_host,
     positions,
 )
-from vllm_tt_platform.sampling_trace import (
+from vllm_tt_platform.runner.sampling_trace import (
     ENV_VAR,
     JsonlSamplingTrace,
     NullSamplingTrace,
     open_sampling_trace,
 )
-from vllm_tt_platform.step import ScheduledRow
+from vllm_tt_platform.runner.step import ScheduledRow
 from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
 

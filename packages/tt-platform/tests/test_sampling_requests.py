@@ -7,8 +7,9 @@ import pytest
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import SamplingParams
 from vllm_tt_models_registry.contract import ModelCapabilities
-from vllm_tt_platform import request_rules, setup
-from vllm_tt_platform.request_rules import RequestRules, TTUnsupportedRequestError, check_request
+from vllm_tt_platform.config import request_checks
+from vllm_tt_platform.config import setup
+from vllm_tt_platform.config.request_checks import RequestRules, TTUnsupportedRequestError, check_request
 
 WITH = RequestRules(arch="TTWithForCausalLM", prompt_logprobs=True)
 WITHOUT = RequestRules(arch="TTWithoutForCausalLM", prompt_logprobs=False)
@@ -17,12 +18,12 @@ WITHOUT = RequestRules(arch="TTWithoutForCausalLM", prompt_logprobs=False)
 @pytest.fixture
 def installed():
     """Install rules for one test, restoring whatever the process had."""
-    before = request_rules.installed()
-    yield request_rules.install
+    before = request_checks.installed()
+    yield request_checks.install
     if before is not None:
-        request_rules.install(before)
+        request_checks.install(before)
     else:
-        request_rules._installed = None
+        request_checks._installed = None
 
 
 def test_rules_come_from_the_capability_flag():
@@ -77,7 +78,7 @@ def test_configure_installs_the_served_models_rules(tiny_checkpoint, installed, 
 
     monkeypatch.setenv("TT_MESH_BACKEND", "host")
     EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
-    assert request_rules.installed() == RequestRules("TTLlamaForCausalLM", prompt_logprobs=True)
+    assert request_checks.installed() == RequestRules("TTLlamaForCausalLM", prompt_logprobs=True)
 
 
 def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
@@ -87,6 +88,6 @@ def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
 
     monkeypatch.setenv("TT_MESH_BACKEND", "host")
     EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
-    assert request_rules.installed().prompt_logprobs is False
+    assert request_checks.installed().prompt_logprobs is False
     with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
         setup.validate_request(SamplingParams(prompt_logprobs=0))

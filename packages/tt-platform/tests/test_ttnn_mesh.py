@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import ttnn
-from vllm_tt_platform.backend import MeshRequest, make_backend
-from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.mesh.backend import make_backend
+from vllm_tt_platform.mesh.shape import MeshRequest
+from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTDeviceNotFoundError
-from vllm_tt_platform.mesh import GALAXY_PRESETS, MESH_PRESETS, MeshShape
-from vllm_tt_platform.ttnn_mesh import (
+from vllm_tt_platform.mesh.shape import GALAXY_PRESETS, MESH_PRESETS, MeshShape
+from vllm_tt_platform.mesh.ttnn_mesh import (
     CLUSTER_FABRIC,
     DISPATCH_AXES,
     FABRIC_OFF,
@@ -295,10 +296,11 @@ def test_plan_description_says_what_was_chosen_and_why() -> None:
 
 NO_DEVICE_SCRIPT = textwrap.dedent("""
     import time
-    from vllm_tt_platform.backend import MeshRequest, make_backend
-    from vllm_tt_platform.config import TTConfig
+    from vllm_tt_platform.mesh.backend import make_backend
+    from vllm_tt_platform.mesh.shape import MeshRequest
+    from vllm_tt_platform.config.options import TTConfig
     from vllm_tt_platform.errors import TTDeviceNotFoundError
-    from vllm_tt_platform.mesh import MeshShape
+    from vllm_tt_platform.mesh.shape import MeshShape
 
     backend = make_backend(TTConfig.from_sources({"mesh_backend": "ttnn"}, environ={}))
     steps = [backend.available_devices, lambda: backend.open(MeshRequest(MeshShape(1, 1), "test"))]

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+
+logger = logging.getLogger("vllm." + __name__)
+
 
 def detect() -> str | None:
     """``vllm.platform_plugins`` entry point: active only where ``ttnn`` imports, so a machine
-    that merely has the package installed next to another accelerator is never taken over."""
+    that merely has the package installed next to another accelerator is never taken over.
+
+    A ``ttnn`` that is installed but fails to import is said once, with the reason: otherwise
+    vLLM silently picks another platform and the user only sees it run elsewhere."""
     try:
         import ttnn  # noqa: F401
-    except Exception:  # any import failure means: not a TT machine
+    except Exception as exc:  # any import failure means: not a TT machine
+        if importlib.util.find_spec("ttnn") is not None:
+            logger.warning(
+                "Tenstorrent platform not activated: ttnn is installed but `import ttnn` failed "
+                "(%s: %s). Fix the ttnn installation (docs/install.md) to serve on TT.",
+                type(exc).__name__, exc,
+            )
         return None
     return "vllm_tt_platform.platform.TTPlatform"

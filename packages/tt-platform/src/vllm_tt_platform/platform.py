@@ -1,7 +1,7 @@
 """``TTPlatform``: vLLM's view of a Tenstorrent mesh.
 
 vLLM's own tensors stay on the host (``device_type = "cpu"``); the mesh is owned by the TT
-worker through the mesh seam. All TT decisions are taken in :mod:`vllm_tt_platform.setup`.
+worker through the mesh seam. All TT decisions are taken in :mod:`vllm_tt_platform.config.setup`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TTPlatform(Platform):
         # --enable-prefix-caching are recorded, so that asking for one on a model that cannot
         # serve it is an error instead of a silent downgrade.
         if parser is not None:
-            from vllm_tt_platform.cli_flags import record_explicit_use
+            from vllm_tt_platform.config.cli_flags import record_explicit_use
 
             parser.set_defaults(async_scheduling=False)
             record_explicit_use(parser)
@@ -72,13 +72,13 @@ class TTPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_tt_platform.compat import release_openmp_before_fork
-        from vllm_tt_platform.setup import configure
+        from vllm_tt_platform.config.setup import configure
 
         release_openmp_before_fork()
         configure(vllm_config)
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        from vllm_tt_platform.setup import validate_request
+        from vllm_tt_platform.config.setup import validate_request
 
         validate_request(params)

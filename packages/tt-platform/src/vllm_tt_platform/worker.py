@@ -17,9 +17,9 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-from vllm_tt_platform.backend import make_backend
-from vllm_tt_platform.runner import TTModelRunner
-from vllm_tt_platform.setup import resolve_setup
+from vllm_tt_platform.mesh.backend import make_backend
+from vllm_tt_platform.runner.model_runner import TTModelRunner
+from vllm_tt_platform.config.setup import resolve_setup
 
 logger = init_logger("vllm." + __name__)
 

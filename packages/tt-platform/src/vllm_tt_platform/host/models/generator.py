@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm_tt_platform.device_time import ModelDims
+from vllm_tt_platform.host.device_time import ModelDims
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models import paged_kv

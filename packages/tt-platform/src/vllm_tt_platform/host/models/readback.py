@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_platform.device_time import ProgramCosts
+from vllm_tt_platform.host.device_time import ProgramCosts
 from vllm_tt_platform.host.command_queue import CommandQueue, DeviceFuture
 
 

@@ -13,10 +13,9 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_tt_platform.backend import MeshRequest
-from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTDeviceNotFoundError
-from vllm_tt_platform.mesh import MESH_PRESETS, MeshShape
+from vllm_tt_platform.mesh.shape import MeshRequest, MeshShape, preset_name
 
 logger = init_logger("vllm." + __name__)
 
@@ -243,7 +242,7 @@ def _import_ttnn() -> Any:
 def _canonical_preset(preset: str | None) -> str | None:
     if preset is None:
         return None
-    return next((name for name in MESH_PRESETS if name.upper() == preset.strip().upper()), preset)
+    return preset_name(preset) or preset
 
 
 def _headline(exc: BaseException) -> str:

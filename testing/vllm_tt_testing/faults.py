@@ -1,17 +1,14 @@
-"""Injected delays for overlapped decode: stretch chosen points of a step's life to provoke the
-thread orderings that break naive implementations.
+"""Fault injectors for the overlapped-decode hooks (``vllm_tt_platform.runner.faults``).
 
-Production code calls ``faults.delay(point)`` at each point and ``faults.race(finalise)`` after
-each overlapped submission; the default ``NO_FAULTS`` does nothing. Tests install
-``RandomFaults`` (seeded random sleeps, plus finalisation raced from another thread, like vLLM's
-output thread in a multi-process worker) or ``ScriptedFaults`` (exact sleeps for exact
-occurrences) on the runner's overlap and on the host mesh device.
+``RandomFaults`` sleeps at random points and races finalisation from another thread, like
+vLLM's output thread in a multi-process worker; ``ScriptedFaults`` sleeps exactly where a test
+says and records the order points were reached in. Tests install them on the runner's overlap
+and on the host mesh device.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import random
 import threading
 import time
@@ -19,29 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-
-class DelayPoint(enum.Enum):
-    SUBMIT = "submit"
-    """Runner: the decode program was submitted, its readback not yet started."""
-    READBACK = "readback"
-    """Device: a readback is about to complete (its event not yet recorded)."""
-    FINALISE = "finalise"
-    """Finaliser (any thread): inside the exactly-once section, before waiting on events."""
-    APPLY = "apply"
-    """Runner: a finalised step is about to be applied to the host batch."""
-
-
-class Faults:
-    """No faults: the null object every component starts with."""
-
-    def delay(self, point: DelayPoint) -> None:
-        """Called when execution reaches ``point``."""
-
-    def race(self, finalise: Callable[[], object]) -> None:
-        """Called once per overlapped step with a callable that finalises it."""
-
-
-NO_FAULTS = Faults()
+from vllm_tt_platform.runner.faults import DelayPoint, Faults
 
 
 @dataclass

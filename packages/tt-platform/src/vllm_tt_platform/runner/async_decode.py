@@ -42,14 +42,14 @@ from vllm_tt_sampling.decision import (
     choose_sampling_path,
 )
 
-from vllm_tt_platform import model_output
-from vllm_tt_platform.async_faults import NO_FAULTS, DelayPoint, Faults
+from vllm_tt_platform.runner import model_output
+from vllm_tt_platform.runner.faults import NO_FAULTS, DelayPoint, Faults
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
-    from vllm_tt_platform.batch import PersistentBatch, RequestState
-    from vllm_tt_platform.step import ScheduledRow
+    from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
+    from vllm_tt_platform.runner.step import ScheduledRow
 
 logger = init_logger("vllm." + __name__)
 
@@ -81,10 +81,6 @@ class InFlightStep:
         self._tokens: list[int] = []
         self._output: ModelRunnerOutput | None = None
         self._error: BaseException | None = None
-        self.finalised_by = ""
-        """Name of the thread that finalised the step (tests read it)."""
-        self.finalise_runs = 0
-        """How many times the finalisation body ran: 1 once finalised, whatever the callers."""
 
     @property
     def finalised(self) -> bool:
@@ -96,7 +92,6 @@ class InFlightStep:
         with self._lock:
             if not self._finalised:
                 self._faults.delay(DelayPoint.FINALISE)
-                self.finalise_runs += 1
                 try:
                     tokens = self._read().tokens
                     if tokens is None:
@@ -109,7 +104,6 @@ class InFlightStep:
                     )
                 except BaseException as exc:  # noqa: BLE001 - raised to every caller below
                     self._error = exc
-                self.finalised_by = threading.current_thread().name
                 self._finalised = True
         if self._error is not None:
             raise self._error

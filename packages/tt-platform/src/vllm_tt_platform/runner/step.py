@@ -14,7 +14,7 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_tt_scheduler.phase import Phase, step_phase
 
-from vllm_tt_platform.batch import PersistentBatch, RequestState
+from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
 
 
 @dataclass(frozen=True)

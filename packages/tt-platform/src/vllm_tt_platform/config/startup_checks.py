@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
-from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 if TYPE_CHECKING:

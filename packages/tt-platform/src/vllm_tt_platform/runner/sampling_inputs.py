@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from vllm_tt_sampling.wire import to_device_params
 
-from vllm_tt_platform.batch import RequestState
+from vllm_tt_platform.runner.batch import RequestState
 
 
 def device_sampling_kwargs(states: Sequence[RequestState | None], vocab_size: int) -> dict[str, Any]:

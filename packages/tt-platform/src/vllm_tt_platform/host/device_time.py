@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_platform.mesh import MESH_PRESETS, MeshShape
+from vllm_tt_platform.mesh.shape import MESH_PRESETS, MeshShape, preset_name
 
 SERVED = "served"
 """Model name meaning: the dimensions of the checkpoint being served."""
@@ -225,7 +225,7 @@ def parse_device_time(text: str) -> DeviceTimeSpec:
         raise ValueError(f"unknown model {model!r}: use {SPEC_FORMS}")
     preset = None
     if mesh:
-        preset = next((name for name in MESH_PRESETS if name.upper() == mesh.strip().upper()), None)
+        preset = preset_name(mesh)
         if preset is None:
             raise ValueError(f"unknown mesh preset {mesh!r}: use one of {', '.join(MESH_PRESETS)}")
     return DeviceTimeSpec(model=model, mesh_preset=preset)

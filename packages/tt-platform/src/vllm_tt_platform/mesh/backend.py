@@ -3,22 +3,10 @@ runs the model programs. Nothing above it asks which one it has."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vllm_tt_platform.config import TTConfig
-from vllm_tt_platform.mesh import MeshShape
-
-
-@dataclass(frozen=True)
-class MeshRequest:
-    """What the worker asks of a backend: the mesh shape and where it came from."""
-
-    shape: MeshShape
-    source: str
-    """How the shape was chosen, for the startup log (e.g. ``MESH_DEVICE=TG``)."""
-    preset: str | None = None
-    """The ``MESH_DEVICE`` preset name, when one was used (fabric defaults depend on it)."""
+from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.mesh.shape import MeshRequest
 
 
 class MeshBackend(Protocol):
@@ -47,7 +35,7 @@ class HostMeshBackend:
         return 1 << 16
 
     def open(self, request: MeshRequest) -> Any:
-        from vllm_tt_platform.device_time import parse_device_time
+        from vllm_tt_platform.host.device_time import parse_device_time
         from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
 
         spec = self.config.host_device_time
@@ -65,6 +53,6 @@ class HostMeshBackend:
 def make_backend(config: TTConfig) -> MeshBackend:
     if config.mesh_backend == "host":
         return HostMeshBackend(config)
-    from vllm_tt_platform.ttnn_mesh import TtnnMeshBackend
+    from vllm_tt_platform.mesh.ttnn_mesh import TtnnMeshBackend
 
     return TtnnMeshBackend(config)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_tt_platform.backend import MeshRequest
-from vllm_tt_platform.mesh import MESH_PRESETS, MeshShape, parse_mesh_device
+from vllm_tt_platform.mesh.shape import MeshRequest
 
 
 @dataclass(frozen=True)
@@ -30,13 +27,3 @@ class Topology:
             if self.lanes > 1 else f"1 lane x {self.rows_per_lane} rows"
         )
         return f"mesh {self.mesh.shape} ({self.mesh.source}), {lane_text}"
-
-
-def mesh_request(environ: Mapping[str, str] | None = None) -> MeshRequest:
-    environ = os.environ if environ is None else environ
-    raw = environ.get("MESH_DEVICE", "").strip()
-    if not raw:
-        return MeshRequest(MeshShape(1, 1), "default: MESH_DEVICE unset", None)
-    shape = parse_mesh_device(raw)
-    preset = next((name for name in MESH_PRESETS if name.upper() == raw.upper()), None)
-    return MeshRequest(shape, f"MESH_DEVICE={raw}", preset)

@@ -1,4 +1,5 @@
-"""Mesh shapes: ``MESH_DEVICE`` presets and literal shapes, and how a mesh splits into lanes.
+"""Mesh shapes: ``MESH_DEVICE`` presets and literal shapes, how a mesh splits into lanes, and
+the ``MeshRequest`` a worker makes of a backend. The one place presets are looked up.
 
 Convention, used everywhere in vllm-tt: a shape is ``(rows, cols)`` and a Galaxy is ``(8, 4)``.
 """
@@ -6,6 +7,8 @@ Convention, used everywhere in vllm-tt: a shape is ``(rows, cols)`` and a Galaxy
 from __future__ import annotations
 
 import ast
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_tt_platform.errors import TTConfigError
@@ -58,12 +61,18 @@ MESH_PRESETS: dict[str, MeshShape] = {
 GALAXY_PRESETS = frozenset({"TG", "BH-Galaxy"})
 
 
+def preset_name(text: str) -> str | None:
+    """The ``MESH_PRESETS`` name ``text`` spells (case-insensitive), or None."""
+    wanted = text.strip().upper()
+    return next((name for name in MESH_PRESETS if name.upper() == wanted), None)
+
+
 def parse_mesh_device(value: str) -> MeshShape:
     """Parse ``MESH_DEVICE``: a preset name (case-insensitive) or ``"(r,c)"`` / ``"[r,c]"``."""
     text = value.strip()
-    for name, shape in MESH_PRESETS.items():
-        if text.upper() == name.upper():
-            return shape
+    preset = preset_name(text)
+    if preset is not None:
+        return MESH_PRESETS[preset]
     if text[:1] in "([":
         try:
             parsed = ast.literal_eval(text)
@@ -81,3 +90,23 @@ def parse_mesh_device(value: str) -> MeshShape:
         f"one of {', '.join(MESH_PRESETS)} or a shape like \"(1,8)\"",
         "set MESH_DEVICE to a preset name or a (rows,cols) shape of positive ints",
     )
+
+
+@dataclass(frozen=True)
+class MeshRequest:
+    """What the worker asks of a backend: the mesh shape and where it came from."""
+
+    shape: MeshShape
+    source: str
+    """How the shape was chosen, for the startup log (e.g. ``MESH_DEVICE=TG``)."""
+    preset: str | None = None
+    """The ``MESH_DEVICE`` preset name, when one was used (fabric defaults depend on it)."""
+
+
+def mesh_request(environ: Mapping[str, str] | None = None) -> MeshRequest:
+    """The mesh ``MESH_DEVICE`` asks for (one device when unset)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("MESH_DEVICE", "").strip()
+    if not raw:
+        return MeshRequest(MeshShape(1, 1), "default: MESH_DEVICE unset", None)
+    return MeshRequest(parse_mesh_device(raw), f"MESH_DEVICE={raw}", preset_name(raw))

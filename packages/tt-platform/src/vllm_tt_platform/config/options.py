@@ -33,7 +33,7 @@ def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
 
 
 def _device_time(value: str) -> object:
-    from vllm_tt_platform.device_time import parse_device_time
+    from vllm_tt_platform.host.device_time import parse_device_time
 
     return parse_device_time(value)
 
@@ -215,7 +215,7 @@ def markdown_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated from vllm_tt_platform/config.py by `python scripts/gen_docs.py`; do not edit. -->",
+        "<!-- Generated from vllm_tt_platform/config/options.py by `python scripts/gen_docs.py`; do not edit. -->",
         "",
         "Pass options as `--additional-config.tt.<key> <value>` (or "
         "`--additional-config '{\"tt\": {...}}'`, or `additional_config={\"tt\": {...}}` in "

@@ -17,8 +17,8 @@ from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 from vllm_tt_sampling.host import HostSamplingBatch
 from vllm_tt_sampling.host.logprobs import gather_logprobs
 
-from vllm_tt_platform.model_output import ModelOutput, ModelOutputError
-from vllm_tt_platform.step import ScheduledRow
+from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.runner.step import ScheduledRow
 
 UNKNOWN_RANK = -1
 """Rank reported for a device-sampled token: a device returning only the sampled token's

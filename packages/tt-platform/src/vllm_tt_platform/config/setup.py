@@ -14,11 +14,14 @@ from vllm.logger import init_logger
 from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
 
-from vllm_tt_platform import cli_flags, request_rules
-from vllm_tt_platform.config import TTConfig
+from vllm_tt_platform.config import cli_flags
+
+from vllm_tt_platform.config import request_checks
+from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
-from vllm_tt_platform.topology import Topology, mesh_request
-from vllm_tt_platform.validation import check_capabilities, check_environment, check_vllm_features
+from vllm_tt_platform.mesh.shape import mesh_request
+from vllm_tt_platform.mesh.topology import Topology
+from vllm_tt_platform.config.startup_checks import check_capabilities, check_environment, check_vllm_features
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -130,7 +133,7 @@ def configure(vllm_config: VllmConfig) -> None:
         prefix_caching_requested=bool(cache.enable_prefix_caching)
         and cli_flags.given("enable_prefix_caching"),
     )
-    request_rules.install(request_rules.RequestRules.of(setup.model.arch, caps))
+    request_checks.install(request_checks.RequestRules.of(setup.model.arch, caps))
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False
@@ -162,4 +165,4 @@ def validate_request(params: Any) -> None:
             "request", type(params).__name__, "a generation request (SamplingParams)",
             "TT serves text generation only; pooling requests are not supported",
         )
-    request_rules.check_request(params)
+    request_checks.check_request(params)

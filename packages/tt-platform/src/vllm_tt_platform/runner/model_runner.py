@@ -27,13 +27,15 @@ from vllm_tt_sampling.stats import SamplingStats
 from vllm_tt_sampling.wire import to_device_params
 from vllm_tt_scheduler.phase import Phase
 
-from vllm_tt_platform import model_output, sampling_output
-from vllm_tt_platform.async_decode import InFlightStep, SteadySampling, overlap_for
-from vllm_tt_platform.batch import PersistentBatch
-from vllm_tt_platform.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.sampling_trace import open_sampling_trace
-from vllm_tt_platform.setup import TTSetup
-from vllm_tt_platform.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
+from vllm_tt_platform.runner import model_output
+
+from vllm_tt_platform.runner import sampling_output
+from vllm_tt_platform.runner.async_decode import InFlightStep, SteadySampling, overlap_for
+from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
+from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
+from vllm_tt_platform.config.setup import TTSetup
+from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
 
 logger = init_logger("vllm." + __name__)
 

@@ -1,0 +1,10 @@
+"""The model runner: one engine step's life, top-down.
+
+``model_runner`` (the hub vLLM's worker calls) plans a step from the scheduler output
+(``step``, over the ``batch`` of live requests), builds the fixed-shape inputs, submits the
+model call, reads the result back (``model_output``; overlapped in ``async_decode``) and turns it
+into vLLM's sampled output (``sampling_inputs`` / ``sampling_output``, over the sampling
+distribution; ``sampling_trace`` records the decisions). ``faults`` holds the null fault hooks
+tests stretch. May import ``config``, ``mesh`` and the scheduler/sampling/registry
+distributions; never ``host`` (the host backend is reached only through the model contract).
+"""

@@ -1,0 +1,9 @@
+"""vllm_tt_testing: test support shared by the tests and benchmarks; in the repository only.
+
+No wheel ships it (it lives outside ``packages/``): pytest puts ``testing/`` on ``sys.path``
+(``pythonpath`` in the root ``pyproject.toml``) and the benchmarks add it themselves.
+
+- ``scheduler_sim``: drive any vLLM scheduler without a model (a fake runner that checks each
+  step, an engine-core loop, step tables).
+- ``faults``: fault injectors for the platform's overlapped-decode hooks.
+"""
