@@ -51,11 +51,23 @@ class DecoderConfig:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
+    layer_windows: tuple[int | None, ...] = ()
+    """Per layer: its sliding window (HF's ``sliding_window``), or None for full attention;
+    empty means full attention everywhere."""
 
     @property
     def kv_groups(self) -> int:
         """Query heads per KV head (GQA)."""
         return self.num_heads // self.num_kv_heads
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``: it attends to ``(p - window, p]``; None = ``[0, p]``."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope_of(self, layer: int) -> RopeConfig:
+        """The rotary parameters of ``layer`` (one set for all layers here; families with
+        per-layer-type rope override this)."""
+        return self.rope
 
     @classmethod
     def from_hf(cls, hf_config: Any, family: str, *, n_layers: int | None = None) -> DecoderConfig:

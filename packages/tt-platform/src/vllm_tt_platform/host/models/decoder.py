@@ -4,11 +4,17 @@ Prefill and decode share every layer op; they differ only in how many query toke
 and which cache blocks the keys come from. KV is written to the cache first and attention then
 reads it back through the page table, as the device does, so a wrong page table shows up as
 wrong tokens rather than being hidden by a shortcut.
+
+Each layer has its own page table (hybrid KV: vLLM keeps one block table per KV cache group)
+and its own attention kind: full, or a sliding window that reads only the blocks its window
+reaches. Families whose layers differ in more than that (norms, activation, attention scale)
+subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +35,9 @@ class HostDecoder:
     def __init__(self, config: DecoderConfig, weights: DecoderWeights) -> None:
         self.config = config
         self.weights = weights
-        self.rotary = RotaryEmbedding.of(config.rope, config.head_dim)
+        self.rotaries = tuple(
+            RotaryEmbedding.of(config.rope_of(i), config.head_dim) for i in range(config.num_layers)
+        )
 
     @torch.no_grad()
     def prefill(
@@ -37,32 +45,39 @@ class HostDecoder:
         new_tokens: torch.Tensor,
         start: int,
         bucket: int,
-        page_row: torch.Tensor,
+        page_rows: Sequence[torch.Tensor],
         lane_kv: LaneKV,
         all_positions: bool = False,
     ) -> torch.Tensor:
         """Run one row's tokens ``new_tokens [n]`` at positions ``[start, start+n)``, padded to
-        ``bucket`` positions, attending to ``[0, start+n)``; return the logits ``[V]`` after
-        the last real token, or ``[n, V]`` after each real token with ``all_positions`` (prompt
-        logprobs). Only the ``n`` real positions write KV."""
+        ``bucket`` positions, attending to ``[0, start+n)`` (a sliding layer: to its window);
+        return the logits ``[V]`` after the last real token, or ``[n, V]`` after each real
+        token with ``all_positions`` (prompt logprobs). ``page_rows`` holds the row's page
+        table of each layer. Only the ``n`` real positions write KV."""
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
+        # Padding queries see what the last real one sees: their rows stay finite, unread.
+        query_pos = positions.clamp(max=end - 1)[None]
         ids = F.pad(new_tokens.long(), (0, bucket - n))
         size = paged_kv.block_size(lane_kv)
-        pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
-        pages_used = page_row[None, : math.ceil(end / size)]
-        key_pos = torch.arange(pages_used.shape[1] * size)
-        mask = (key_pos[None, :] <= positions[:, None]) & (key_pos[None, :] < end)
+        last_block = math.ceil(end / size)
 
-        x = self.weights.embed[ids]
-        for layer, (k_cache, v_cache) in zip(self.weights.layers, lane_kv, strict=True):
-            q, k, v = self._qkv(_rms_norm(x, layer.input_norm, self.config), layer, positions)
+        x = self._embed(ids)
+        for index, (layer, (k_cache, v_cache), page_row) in enumerate(
+            zip(self.weights.layers, lane_kv, page_rows, strict=True)
+        ):
+            window = self.config.window(index)
+            first = paged_kv.first_block(torch.tensor([start]), window, size)
+            pages_used, key_pos = paged_kv.key_span(page_row[None], first, last_block - int(first), size)
+            mask = paged_kv.visible(key_pos, query_pos, window)
+            pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
+            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, positions)
             paged_kv.write(k_cache, pages, offsets, k[:n])
             paged_kv.write(v_cache, pages, offsets, v[:n])
             keys = paged_kv.gather(k_cache, pages_used)
             values = paged_kv.gather(v_cache, pages_used)
-            out = self._attend(q.transpose(0, 1)[None], keys, values, mask[None, None])
+            out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
             x = self._finish_layer(x, out[0].transpose(0, 1), layer)
         if all_positions:
             return self._logits(x[:n])
@@ -73,25 +88,28 @@ class HostDecoder:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        page_table: torch.Tensor,
+        page_tables: Sequence[torch.Tensor],
         kv: list[LaneKV],
         rows_per_lane: int,
     ) -> torch.Tensor:
         """One token per row: ``tokens [B]`` at ``positions [B]`` (-1 = padding row: no KV
-        write, output meaningless). Row ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
+        write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
+        ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
         batch = tokens.shape[0]
         live = positions >= 0
+        # Padding rows attend to key 0 only, which keeps their (ignored) output finite.
         pos = positions.clamp(min=0).long()
         size = paged_kv.block_size(kv[0])
-        pages, offsets = paged_kv.locate(page_table, pos, size)
-        pages_used = page_table[:, : math.ceil((int(pos.max()) + 1) / size)]
-        # Padding rows attend to key 0 only, which keeps their (ignored) output finite.
-        mask = torch.arange(pages_used.shape[1] * size)[None, :] <= pos[:, None]
         lanes = [slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)]
 
-        x = self.weights.embed[tokens.long()]
-        for index, layer in enumerate(self.weights.layers):
-            q, k, v = self._qkv(_rms_norm(x, layer.input_norm, self.config), layer, pos)
+        x = self._embed(tokens.long())
+        for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
+            window = self.config.window(index)
+            first = paged_kv.first_block(pos, window, size)
+            pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
+            mask = paged_kv.visible(key_pos, pos[:, None], window)
+            pages, offsets = paged_kv.locate(page_table, pos, size)
+            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
             keys, values = [], []
             for lane, rows in enumerate(lanes):
                 k_cache, v_cache = kv[lane][index]
@@ -100,12 +118,18 @@ class HostDecoder:
                 paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
                 keys.append(paged_kv.gather(k_cache, pages_used[rows]))
                 values.append(paged_kv.gather(v_cache, pages_used[rows]))
-            out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None, None, :])
+            out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
             x = self._finish_layer(x, out[:, :, 0, :], layer)
         return self._logits(x)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weights.embed[ids]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(x, weight, self.config)
+
     def _qkv(
-        self, h: torch.Tensor, layer: LayerWeights, positions: torch.Tensor
+        self, h: torch.Tensor, index: int, layer: LayerWeights, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project ``h [T, H]`` to rotated q ``[T, heads, d]`` and k, v ``[T, kv_heads, d]``."""
         a: AttentionWeights = layer.attention
@@ -115,14 +139,16 @@ class HostDecoder:
         k = F.linear(h, a.k, a.k_bias).view(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = F.linear(h, a.v, a.v_bias).view(tokens, cfg.num_kv_heads, cfg.head_dim)
         if a.q_norm is not None and a.k_norm is not None:
-            q = _rms_norm(q, a.q_norm, cfg)
-            k = _rms_norm(k, a.k_norm, cfg)
-        return self.rotary.rotate(q, positions), self.rotary.rotate(k, positions), v
+            q = self._norm(q, a.q_norm)
+            k = self._norm(k, a.k_norm)
+        rotary = self.rotaries[index]
+        return rotary.rotate(q, positions), rotary.rotate(k, positions), v
 
     def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, index: int
     ) -> torch.Tensor:
-        """Grouped-query attention: ``q [B, heads, Tq, d]`` over ``[B, kv_heads, Tk, d]``."""
+        """Grouped-query attention of layer ``index``: ``q [B, heads, Tq, d]`` over
+        ``[B, kv_heads, Tk, d]``, ``mask [B, 1, Tq, Tk]``."""
         groups = self.config.kv_groups
         keys = keys.repeat_interleave(groups, dim=1)
         values = values.repeat_interleave(groups, dim=1)
@@ -134,10 +160,10 @@ class HostDecoder:
         """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``."""
         a = layer.attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
-        return x + _mlp(_rms_norm(x, layer.post_attention_norm, self.config), layer.mlp)
+        return x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_rms_norm(x, self.weights.norm, self.config), self.weights.lm_head)
+        return F.linear(self._norm(x, self.weights.norm), self.weights.lm_head)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, config: DecoderConfig) -> torch.Tensor:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from vllm_tt_platform.host.device_time import ModelDims
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.device import HostMeshDevice
+from vllm_tt_platform.host.device_time import ModelDims
 from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.checkpoint import load_decoder_weights, resolve_checkpoint_dir
 from vllm_tt_platform.host.models.config import DecoderConfig
@@ -32,6 +33,7 @@ from vllm_tt_platform.host.models.inputs import (
     check_decode,
     check_kv,
     check_kv_shape,
+    layer_tables,
     plan_prefill,
     prompt_history,
 )
@@ -134,9 +136,9 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             )
         if max_seq_len < 1:
             raise TTConfigError("max_seq_len", max_seq_len, "a positive int", "set --max-model-len")
-        config = DecoderConfig.from_hf(hf_config, cls.family, n_layers=n_layers)
+        config = cls.decoder_config(hf_config, n_layers=n_layers)
         folder = resolve_checkpoint_dir(str(getattr(hf_config, "_name_or_path", "") or ""))
-        decoder = HostDecoder(config, load_decoder_weights(folder, config))
+        decoder = cls.load_decoder(folder, config)
         lanes = LaneLayout.build(mesh_device, max_batch_size, tt_data_parallel)
         model = cls(decoder, lanes, max_seq_len, device=mesh_device)
         if model.costs is not None or model.synthetic is not None:
@@ -160,6 +162,16 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             max_seq_len,
         )
         return model
+
+    @classmethod
+    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
+        """The host math's view of ``hf_config``; families with their own fields override it."""
+        return DecoderConfig.from_hf(hf_config, cls.family, n_layers=n_layers)
+
+    @classmethod
+    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
+        """The decoder math with the checkpoint's weights; families with other layers override it."""
+        return HostDecoder(config, load_decoder_weights(folder, config))
 
     @classmethod
     def get_max_tokens_all_users(
@@ -258,12 +270,16 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
 
         ``prompt_tokens`` / ``output_tokens`` kwargs, when sent, are the penalty history;
         otherwise each row's tokens up to its prompt length are. ``return_all_logits=True``
-        returns logits ``[B, T, V]`` for every computed position (prompt logprobs)."""
+        returns logits ``[B, T, V]`` for every computed position (prompt logprobs).
+        ``page_tables_per_layer`` (hybrid KV), when sent, replaces ``page_table`` per layer."""
         tokens = torch.as_tensor(tokens)
         page_table = torch.as_tensor(page_table)
         check_kv(kv_cache, self.lanes)
+        tables = layer_tables(
+            page_table, kwargs.get("page_tables_per_layer"), self.config.num_layers, tokens.shape[0]
+        )
         rows = plan_prefill(
-            tokens, page_table, kv_cache, prompt_lens, start_pos, empty_slots, self.lanes, self.max_seq_len
+            tokens, tables, kv_cache, prompt_lens, start_pos, empty_slots, self.lanes, self.max_seq_len
         )
         if sampling_params is not None and len(sampling_params) != len(rows):
             raise HostModelInputError(f"sampling_params has {len(sampling_params)} rows, the call has {len(rows)}")
@@ -278,25 +294,25 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         if kwargs.get("return_all_logits"):
             if sampling_params is not None:
                 raise HostModelInputError("return_all_logits asks for logits; do not also send sampling_params")
-            program = functools.partial(self._all_logits_program, tokens, page_table, kv_cache, rows, slots)
+            program = functools.partial(self._all_logits_program, tokens, tables, kv_cache, rows, slots)
             return self.queue.submit(program, duration).result()
         program = functools.partial(
-            self._prefill_program, tokens, page_table, kv_cache, rows, slots, sampling_params,
+            self._prefill_program, tokens, tables, kv_cache, rows, slots, sampling_params,
             kwargs.get("prompt_tokens"), kwargs.get("output_tokens"),
         )
         return self.queue.submit(program, duration).result()
 
     def _all_logits_program(
-        self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV], rows: list[Any],
+        self, tokens: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV], rows: list[Any],
         slots: list[int],
     ) -> torch.Tensor:
         """``return_all_logits=True``: every computed position's logits (see ``prompt_logits``)."""
-        logits = all_position_logits(self.decoder, self.synthetic, tokens, page_table, kv_cache, rows)
+        logits = all_position_logits(self.decoder, self.synthetic, tokens, tables, kv_cache, rows)
         self.slots.prefilled(slots)
         return logits
 
     def _prefill_program(
-        self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV], rows: list[Any],
+        self, tokens: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV], rows: list[Any],
         slots: list[int], sampling_params: Any, history: Any, output_tokens: Any,
     ) -> Any:
         if self.synthetic is not None:
@@ -305,7 +321,8 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         else:
             logits = torch.stack([
                 self.decoder.prefill(
-                    tokens[i, row.start : row.end], row.start, row.bucket, page_table[i], kv_cache[row.lane]
+                    tokens[i, row.start : row.end], row.start, row.bucket, [t[i] for t in tables],
+                    kv_cache[row.lane],
                 )
                 for i, row in enumerate(rows)
             ])
@@ -337,13 +354,17 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
 
         With ``sampling_params`` the device's own token and position are used for continuing
         slots (``DeviceSlots``); ``reset_batch`` says the layout changed. Slots never move, so
-        ``slot_remap`` needs no action."""
+        ``slot_remap`` needs no action. ``page_tables_per_layer`` (hybrid KV), when sent,
+        replaces ``page_table`` per layer."""
         tokens = torch.as_tensor(tokens)
         tokens = tokens[:, 0] if tokens.dim() == 2 else tokens.reshape(-1)
         positions = torch.as_tensor(start_pos).reshape(-1).long()
         page_table = torch.as_tensor(page_table)
         check_kv(kv_cache, self.lanes)
-        check_decode(tokens, positions, page_table, kv_cache, self.lanes, self.max_seq_len)
+        tables = layer_tables(
+            page_table, kwargs.get("page_tables_per_layer"), self.config.num_layers, tokens.shape[0]
+        )
+        check_decode(tokens, positions, tables, kv_cache, self.lanes, self.max_seq_len)
         if enable_trace:
             key = TraceKey.decode(self.lanes.rows_per_lane, sampling_params is not None)
             for device in self.lanes.devices:
@@ -355,7 +376,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         costs = self.costs
         duration = self.lanes.decode_s(costs, positions) if costs is not None else 0.0
         program = functools.partial(
-            self._decode_program, tokens, positions, page_table, kv_cache, sampling_params,
+            self._decode_program, tokens, positions, tables, kv_cache, sampling_params,
             prompt_tokens, output_tokens, bool(reset_batch),
         )
         future = self.queue.submit(program, duration)
@@ -364,7 +385,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         return DecodeHandle(future, sampling_params is not None, tokens.shape[0], self.config.vocab_size)
 
     def _decode_program(
-        self, tokens: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor, kv_cache: list[LaneKV],
+        self, tokens: torch.Tensor, positions: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV],
         sampling_params: Any, prompt_tokens: Any, output_tokens: Any, reset: bool,
     ) -> Any:
         if sampling_params is None:
@@ -373,7 +394,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             host_positions = positions
             tokens, positions = self.slots.inputs(tokens, positions, reset=reset)
             if not torch.equal(positions, host_positions):
-                check_decode(tokens, positions, page_table, kv_cache, self.lanes, self.max_seq_len)
+                check_decode(tokens, positions, tables, kv_cache, self.lanes, self.max_seq_len)
         if self.synthetic is not None and plain_greedy(sampling_params):
             out = self.synthetic.greedy(tokens, positions)
             self.slots.sampled(out, positions)
@@ -381,7 +402,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         if self.synthetic is not None:
             logits = self.synthetic.logits(tokens, positions)
         else:
-            logits = self.decoder.decode(tokens, positions, page_table, kv_cache, self.lanes.rows_per_lane)
+            logits = self.decoder.decode(tokens, positions, tables, kv_cache, self.lanes.rows_per_lane)
         if sampling_params is None:
             return logits[:, None, :]
         out = device_sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)

@@ -7,6 +7,7 @@ index error deep in the attention math (or, worse, a silent write into another r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,26 @@ def check_kv(kv_cache: Any, lanes: LaneLayout) -> None:
         )
 
 
+def layer_tables(page_table: torch.Tensor, per_layer: Any, num_layers: int, rows: int) -> list[torch.Tensor]:
+    """One page table per layer, cut to the call's ``rows``: the runner's
+    ``page_tables_per_layer`` (hybrid KV: one block table per KV cache group, padded to the
+    warmup batch) when it sends them, else ``page_table`` for every layer."""
+    if per_layer is None:
+        return [page_table] * num_layers
+    tables = [torch.as_tensor(t) for t in per_layer]
+    if len(tables) != num_layers:
+        raise HostModelInputError(f"page_tables_per_layer has {len(tables)} tables, the model has {num_layers} layers")
+    for index, table in enumerate(tables):
+        if table.dim() != 2 or table.shape[0] < rows:
+            raise HostModelInputError(
+                f"page_tables_per_layer[{index}] has shape {tuple(table.shape)}; expected [rows >= {rows}, width]"
+            )
+    return [table[:rows] for table in tables]
+
+
 def plan_prefill(
     tokens: torch.Tensor,
-    page_table: torch.Tensor,
+    page_tables: Sequence[torch.Tensor],
     kv_cache: list[LaneKV],
     prompt_lens: Any,
     start_pos: Any,
@@ -63,15 +81,17 @@ def plan_prefill(
     lanes: LaneLayout,
     max_seq_len: int,
 ) -> list[PrefillRow]:
-    """Check every row of a prefill call and pick its lane and bucket."""
+    """Check every row of a prefill call (against each layer's page table) and pick its lane
+    and bucket."""
     count = tokens.shape[0]
     ends = _ints(prompt_lens)
     starts = [0] * count if start_pos is None else _ints(start_pos)
     slots = list(range(count)) if empty_slots is None else _ints(empty_slots)
-    if not len(ends) == len(starts) == len(slots) == page_table.shape[0] == count:
+    width = page_tables[0].shape[1]
+    if not len(ends) == len(starts) == len(slots) == page_tables[0].shape[0] == count:
         raise HostModelInputError(
             f"prefill rows disagree: tokens {count}, prompt_lens {len(ends)}, start_pos "
-            f"{len(starts)}, empty_slots {len(slots)}, page_table {page_table.shape[0]}"
+            f"{len(starts)}, empty_slots {len(slots)}, page_table {page_tables[0].shape[0]}"
         )
     rows = []
     for i, (start, end, slot) in enumerate(zip(starts, ends, slots, strict=True)):
@@ -82,11 +102,10 @@ def plan_prefill(
             )
         lane = lanes.lane_of(slot)
         blocks = -(-end // paged_kv.block_size(kv_cache[lane]))
-        if blocks > page_table.shape[1]:
-            raise HostModelInputError(
-                f"prefill row {i} needs {blocks} blocks, the page table has {page_table.shape[1]}"
-            )
-        _check_pages(page_table[i, :blocks], f"row {i}", kv_cache[lane])
+        if blocks > min(table.shape[1] for table in page_tables):
+            raise HostModelInputError(f"prefill row {i} needs {blocks} blocks, the page table has {width}")
+        for table in _distinct(page_tables):
+            _check_pages(table[i, :blocks], f"row {i}", kv_cache[lane])
         rows.append(PrefillRow(lane, start, end, prefill_bucket(end - start)))
     return rows
 
@@ -94,14 +113,15 @@ def plan_prefill(
 def check_decode(
     tokens: torch.Tensor,
     positions: torch.Tensor,
-    page_table: torch.Tensor,
+    page_tables: Sequence[torch.Tensor],
     kv_cache: list[LaneKV],
     lanes: LaneLayout,
     max_seq_len: int,
 ) -> None:
     """Decode always carries the full fixed batch (the traced shape); live rows must find
-    the block of their position in their lane's cache."""
+    the block of their position in their lane's cache, in every layer's page table."""
     batch = lanes.max_batch_size
+    page_table = page_tables[0]
     if not tokens.shape[0] == positions.shape[0] == page_table.shape[0] == batch:
         raise HostModelInputError(
             f"decode runs the full fixed batch of {batch} rows (a traced shape); got tokens "
@@ -115,12 +135,13 @@ def check_decode(
         lane_pos = positions[rows.start : rows.stop]
         live = lane_pos >= 0
         blocks = lane_pos[live] // paged_kv.block_size(kv_cache[lane])
-        if blocks.numel() and int(blocks.max()) >= page_table.shape[1]:
-            raise HostModelInputError(
-                f"decode needs block {int(blocks.max())}, the page table has {page_table.shape[1]} per row"
-            )
-        pages = page_table[rows.start : rows.stop][live].gather(1, blocks[:, None])
-        _check_pages(pages.reshape(-1), f"lane {lane}", kv_cache[lane])
+        for table in _distinct(page_tables):
+            if blocks.numel() and int(blocks.max()) >= table.shape[1]:
+                raise HostModelInputError(
+                    f"decode needs block {int(blocks.max())}, the page table has {table.shape[1]} per row"
+                )
+            pages = table[rows.start : rows.stop][live].gather(1, blocks[:, None])
+            _check_pages(pages.reshape(-1), f"lane {lane}", kv_cache[lane])
 
 
 def prompt_history(tokens: torch.Tensor, ends: list[int]) -> torch.Tensor:
@@ -129,6 +150,11 @@ def prompt_history(tokens: torch.Tensor, ends: list[int]) -> torch.Tensor:
     columns = torch.arange(tokens.shape[1])[None, :]
     history[columns >= torch.tensor(ends)[:, None]] = -1
     return history
+
+
+def _distinct(tables: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each table once (without hybrid KV every layer shares one)."""
+    return list({id(t): t for t in tables}.values())
 
 
 def _ints(values: Any) -> list[int]:

@@ -43,3 +43,35 @@ def gather(cache: torch.Tensor, page_rows: torch.Tensor) -> torch.Tensor:
     blocks = cache[page_rows.clamp(0, cache.shape[0] - 1)]
     b, nblk, heads, size, dim = blocks.shape
     return blocks.permute(0, 2, 1, 3, 4).reshape(b, heads, nblk * size, dim)
+
+
+def key_span(page_rows: torch.Tensor, first_block: torch.Tensor, count: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``count`` blocks of each row from ``first_block [b]`` on: their ids ``[b, count]``
+    and the position of every key in them ``[b, count * size]``.
+
+    A sliding-window layer starts at the first block its window reaches, so blocks vLLM has
+    dropped (null entries) are never read. Columns past the table's width repeat its last
+    entry; their positions lie past every query, so the caller's mask hides them."""
+    columns = first_block[:, None] + torch.arange(count)
+    pages = page_rows.gather(1, columns.clamp(max=page_rows.shape[1] - 1))
+    key_pos = (columns[:, :, None] * size + torch.arange(size)).reshape(columns.shape[0], -1)
+    return pages, key_pos
+
+
+def first_block(positions: torch.Tensor, window: int | None, size: int) -> torch.Tensor:
+    """The first block a query at ``positions`` reads: 0 for full attention, else the block of
+    its oldest visible key ``p - window + 1``."""
+    if window is None:
+        return torch.zeros_like(positions)
+    return (positions - window + 1).clamp(min=0) // size
+
+
+def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal mask ``[b, q, k]``: a query at ``p`` sees keys ``[0, p]``, or ``(p - window, p]``
+    on a sliding-window layer (HF's convention: itself and the ``window - 1`` keys before it)."""
+    keys = key_pos[:, None, :]
+    queries = query_pos[:, :, None]
+    mask = keys <= queries
+    if window is not None:
+        mask &= keys > queries - window
+    return mask

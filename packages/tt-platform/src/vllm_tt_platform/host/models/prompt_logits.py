@@ -22,14 +22,15 @@ def all_position_logits(
     decoder: HostDecoder,
     synthetic: Any,
     tokens: torch.Tensor,
-    page_table: torch.Tensor,
+    page_tables: list[torch.Tensor],
     kv_cache: list[LaneKV],
     rows: list[PrefillRow],
 ) -> torch.Tensor:
     """``[B, T, V]`` with ``T`` the longest computed span; row ``i``'s position
     ``start + j`` sits at ``T - n_i + j`` (``n_i = end - start``), the left padding is zero.
 
-    ``synthetic`` (a ``SyntheticLM`` or None) replaces the decoder math in timing runs."""
+    ``page_tables`` holds one table per layer. ``synthetic`` (a ``SyntheticLM`` or None)
+    replaces the decoder math in timing runs."""
     width = max(row.end - row.start for row in rows)
     out = torch.zeros(len(rows), width, decoder.config.vocab_size)
     for i, row in enumerate(rows):
@@ -37,7 +38,7 @@ def all_position_logits(
         if synthetic is not None:
             logits = synthetic.logits(span, torch.arange(row.start, row.end))
         else:
-            logits = decoder.prefill(span, row.start, row.bucket, page_table[i], kv_cache[row.lane],
-                                     all_positions=True)
+            logits = decoder.prefill(span, row.start, row.bucket, [table[i] for table in page_tables],
+                                     kv_cache[row.lane], all_positions=True)
         out[i, width - span.shape[0] :] = logits
     return out

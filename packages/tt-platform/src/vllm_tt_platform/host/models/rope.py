@@ -1,4 +1,4 @@
-"""Rotary position embedding with the default and Llama 3.1 ("llama3") frequencies.
+"""Rotary position embedding with the default, linear and Llama 3.1 ("llama3") frequencies.
 
 The arithmetic follows the order HF uses (float32 throughout) so that greedy decoding agrees
 with transformers token for token, not just approximately.
@@ -20,6 +20,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     inv = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "llama3":
         inv = _llama3_frequencies(inv, rope)
+    elif rope.rope_type == "linear":  # positions divided by ``factor`` (Gemma 3's global layers)
+        inv = inv / rope.factor
     return inv
 
 
