@@ -66,9 +66,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Regenerate the configuration reference from the code and fail if it was stale."""
-    _install(session, NEWEST)
+    """Fail if a generated page (configuration, model families, feature support) is stale, then
+    build the site (mkdocs.yml) strictly: any warning, broken link or anchor fails.
+
+    The generators import the distributions and the host models (torch), hence the full install."""
+    _install(session, NEWEST, "-r", "requirements/docs.txt")
     session.run("python", "scripts/gen_docs.py", "--check", env=TEST_ENV)
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session

@@ -1,13 +1,24 @@
-"""Write the generated docs pages (configuration reference) or, with --check, fail if stale."""
+"""Write the generated docs pages or, with --check, fail if any is stale.
+
+The pages: the configuration reference (from ``TTConfig``), the model families and the
+feature-support matrix (from the model registry, scripts/model_pages.py).
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from model_pages import features_page, models_page
 from vllm_tt_platform.config.options import markdown_reference
 
-PAGES = {Path(__file__).resolve().parent.parent / "docs" / "configuration.md": markdown_reference}
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PAGES: dict[Path, Callable[[], str]] = {
+    DOCS / "configuration.md": markdown_reference,
+    DOCS / "models.md": models_page,
+    DOCS / "features.md": features_page,
+}
 
 
 def main(argv: list[str]) -> int:

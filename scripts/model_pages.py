@@ -1,0 +1,300 @@
+"""The model-families and feature-support pages, rendered from the model registry.
+
+Families come from the builtin tt-metal table and from every installed model source (the host
+backend's ``HOST_MODELS``); capabilities from each class's ``model_capabilities`` plus what its
+registration declares. Only two things are written by hand here: a title per capability
+(``FEATURES``) and which tests prove a capability for which host family (``PROOFS``).
+Nothing reads the environment, so the pages are the same wherever they are generated.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from vllm_tt_models_registry.builtin import BUILTIN_FAMILIES, BuiltinFamily
+from vllm_tt_models_registry.capabilities import ModelCapabilities
+from vllm_tt_models_registry.names import tt_arch_name
+from vllm_tt_models_registry.registry import BUILTIN, TTNN_BACKEND, RegisteredModel, load_registry
+from vllm_tt_models_registry.sources import installed_source_names
+
+GENERATED = "<!-- Generated from the model registry by `python scripts/gen_docs.py`; do not edit. -->"
+
+
+@dataclass(frozen=True)
+class Feature:
+    """How the pages name one ``ModelCapabilities`` field, and where it is explained."""
+
+    title: str
+    page: str
+
+
+FEATURES: dict[str, Feature] = {
+    "supports_sample_on_device": Feature("Device sampling", "sampling.md"),
+    "supports_async_decode": Feature("Overlapped decode", "async-decode.md"),
+    "supports_prefix_caching": Feature("Prefix caching", "troubleshooting.md#behaviour-changes-that-are-logged-not-errors"),
+    "single_program_lanes": Feature("In-process lanes", "lanes.md"),
+    "max_device_top_k": Feature("Device top-k (largest k)", "sampling.md#which-batches-sample-on-the-device"),
+    "supports_device_penalties": Feature("Device penalties", "sampling.md#which-batches-sample-on-the-device"),
+    "max_device_logprobs": Feature("Device logprobs (top n)", "sampling.md#logprobs"),
+    "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
+    "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
+}
+
+EVERY_TINY_ARCH = ("*",)
+"""A proof's ``archs`` when the test is parametrized over every tiny checkpoint architecture."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A test that shows ``feature`` working on the host models of the tiny ``archs``."""
+
+    feature: str
+    test: str
+    """``path/to/test_file.py::test_name``, relative to the repository root."""
+    archs: tuple[str, ...]
+    """``vllm-tt-tiny-model --arch`` values the test builds its checkpoint with."""
+    shows: str
+
+    @property
+    def path(self) -> str:
+        return self.test.split("::")[0]
+
+    @property
+    def function(self) -> str:
+        return self.test.split("::")[1]
+
+
+_E2E = "tests/e2e"
+_HOST_TESTS = "packages/tt-platform/tests"
+PROOFS: tuple[Proof, ...] = (
+    Proof("supports_sample_on_device",
+          f"{_E2E}/test_sampling_serve.py::test_greedy_on_device_equals_host_sampled_greedy_and_transformers",
+          ("llama",), "greedy tokens sampled on the device equal host-sampled greedy and transformers"),
+    Proof("supports_sample_on_device",
+          f"{_HOST_TESTS}/test_host_models.py::test_device_sampling_greedy_returns_argmax_tokens",
+          ("qwen3",), "prefill and decode with sampling parameters return the argmax token ids"),
+    Proof("supports_async_decode", f"{_E2E}/test_async_overlap.py::test_real_math_overlap_matches_overlap_off",
+          ("llama",), "the engine with overlapped decode generates what it generates without"),
+    Proof("supports_async_decode",
+          f"{_HOST_TESTS}/test_async_host_model.py::test_device_is_authoritative_for_continuing_slots",
+          ("llama",), "the device keeps each slot's token and position between decodes"),
+    Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_models.py::test_greedy_parity_with_transformers",
+          EVERY_TINY_ARCH, "a prefix-cache hit (prefill from start_pos 32) matches transformers"),
+    Proof("single_program_lanes",
+          f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
+          ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),
+    Proof("single_program_lanes", f"{_HOST_TESTS}/test_host_models.py::test_lanes_keep_separate_kv_caches",
+          ("qwen3",), "two lanes keep separate KV caches and match transformers"),
+    Proof("max_device_top_k",
+          f"{_E2E}/test_sampling_serve.py::test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host",
+          ("llama",), "top-k 5 and 10 sample on the device"),
+    Proof("max_device_top_k", f"{_E2E}/test_async_overlap.py::test_drain_rules_in_the_engine",
+          ("llama",), "a top-k of 100 is sampled on the host"),
+    Proof("supports_device_penalties",
+          f"{_E2E}/test_sampling_serve.py::test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host",
+          ("llama",), "a batch with presence and frequency penalties samples on the device"),
+    Proof("max_device_logprobs", f"{_E2E}/test_sampling_serve.py::test_logprobs_match_transformers",
+          ("llama",), "logprobs=0 on the device and logprobs=5 on the host match transformers"),
+    Proof("supports_prompt_logprobs",
+          f"{_HOST_TESTS}/test_sampling_host_models.py::test_all_logits_match_transformers_over_chunks",
+          ("qwen3",), "every position's logits match transformers, chunk by chunk"),
+    Proof("supports_prompt_logprobs",
+          f"{_E2E}/test_sampling_serve.py::test_prompt_logprobs_match_transformers_across_chunks",
+          ("llama",), "prompt logprobs through the OpenAI API match transformers across chunks"),
+    Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
+          ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
+)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstrings written under a dataclass's fields (not kept at run time, so parsed)."""
+    body = ast.parse(inspect.getsource(cls)).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs: dict[str, str] = {}
+    for field_node, doc_node in zip(body.body, body.body[1:], strict=False):
+        if (isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name)
+                and isinstance(doc_node, ast.Expr) and isinstance(doc_node.value, ast.Constant)):
+            docs[field_node.target.id] = " ".join(str(doc_node.value.value).split())
+    return docs
+
+
+def _features() -> dict[str, Feature]:
+    missing = [f.name for f in fields(ModelCapabilities) if f.name not in FEATURES]
+    if missing:
+        raise SystemExit(f"capabilities {missing} have no entry in FEATURES (scripts/model_pages.py): add one")
+    return {f.name: FEATURES[f.name] for f in fields(ModelCapabilities)}
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, tuple):
+        return ", ".join(map(str, value)) if value else "none"
+    return str(value)
+
+
+def _declared(capabilities: Mapping[str, Any]) -> str:
+    return ", ".join(f"`{k}={_value(v)}`" for k, v in capabilities.items()) or "—"
+
+
+def _class_summary(model_cls: type) -> str:
+    doc = inspect.getdoc(model_cls) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _source_models(name: str) -> list[tuple[RegisteredModel, type]]:
+    """The entries model source ``name`` registers, with their (imported, checked) classes."""
+    registry = load_registry(name, environ={})
+    return [(m, m.load_class()) for m in registry.entries() if m.source == name]
+
+
+def _builtin_archs(fam: BuiltinFamily) -> str:
+    return "<br>".join(f"`{tt_arch_name(a)}`" for a in fam.archs)
+
+
+def _tiny_archs() -> dict[str, str]:
+    """``--arch`` of each tiny checkpoint -> the TT architecture it is served as."""
+    from vllm_tt_platform.host.tiny import ARCHITECTURES
+
+    return {key: tt_arch_name(hf) for key, hf in ARCHITECTURES.items()}
+
+
+def proofs_for(arch: str) -> list[Proof]:
+    """The proofs that cover host architecture ``arch`` (a TT name)."""
+    tiny = _tiny_archs()
+    return [p for p in PROOFS if any(tiny.get(k) == arch for k in (tiny if p.archs == EVERY_TINY_ARCH else p.archs))]
+
+
+def models_page() -> str:
+    lines = [
+        "# Model families",
+        "",
+        GENERATED,
+        "",
+        "A checkpoint is served by the class registered for its architecture (`architectures` in its "
+        "`config.json`), prefixed with `TT`. Precedence, highest first: bundles from `EXTRA_MODELS_DIR` "
+        "([bundles.md](bundles.md)), then the mesh backend's own models, then the builtin tt-metal table. "
+        "`vllm-tt-models list --backend host` prints the registry of an installed environment. What each "
+        "family can do is in [features.md](features.md).",
+        "",
+        f"## Tenstorrent hardware (`mesh_backend={TTNN_BACKEND}`): the builtin tt-metal table",
+        "",
+        "The classes live in tt-metal's `models` package and are imported only when served; they "
+        "declare their own `model_capabilities`. The table may add capabilities on top.",
+        "",
+        "| family | TT architectures | implementation (`module:Class` in tt-metal) | selected by | the table declares |",
+        "|---|---|---|---|---|",
+    ]
+    for fam in BUILTIN_FAMILIES:
+        for name, variant in fam.variants.items():
+            if fam.selector is None:
+                chosen = "—"
+            else:
+                default = " (default)" if name == fam.selector.default else ""
+                chosen = f"`{fam.selector.name}={name}`{default}"
+            lines.append(f"| {fam.name} | {_builtin_archs(fam)} | `{variant.target}` | {chosen} | "
+                         f"{_declared(variant.capabilities)} |")
+    for source in installed_source_names():
+        models = _source_models(source)
+        lines += [
+            "",
+            f"## Mesh backend `{source}`: its own models",
+            "",
+            f"With `TT_MESH_BACKEND={source}` (or `--additional-config.tt.mesh_backend {source}`) these "
+            f"classes serve their architectures in place of the builtin table's:",
+            "",
+            "| TT architecture | class | what it is | capabilities (besides the defaults) |",
+            "|---|---|---|---|",
+        ]
+        for model, model_cls in models:
+            caps = ModelCapabilities.of(model_cls, dict(model.overrides)).non_defaults()
+            lines.append(f"| `{model.arch}` | `{model.target}` | {_class_summary(model_cls)} | "
+                         f"{_declared(caps)} |")
+        rest = [m.arch for m in load_registry(source, environ={}).entries() if m.source == BUILTIN]
+        lines += [
+            "",
+            f"The builtin table's other architectures stay registered on `{source}` and resolve to "
+            f"tt-metal's classes: {', '.join(f'`{a}`' for a in rest)}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def features_page() -> str:
+    features = _features()
+    docs = _field_docs(ModelCapabilities)
+    defaults = ModelCapabilities()
+    lines = [
+        "# Feature support",
+        "",
+        GENERATED,
+        "",
+        "What each model family provides, per mesh backend, read from the capability declarations "
+        "(`model_capabilities` of the class, plus what its registration declares; see "
+        "[bundles.md](bundles.md#capabilities)). Nothing is keyed on a model or class name. A sampling "
+        "feature a model lacks falls back to the host sampler; any other option that needs a missing "
+        "capability is refused at startup ([troubleshooting.md](troubleshooting.md)).",
+        "",
+        "## Features",
+        "",
+        "| feature | capability | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for name, feature in features.items():
+        lines.append(f"| [{feature.title}]({feature.page}) | `{name}` | {_value(getattr(defaults, name))} | "
+                     f"{docs.get(name, '')} |")
+    header = "| family | " + " | ".join(f.title for f in features.values()) + " |"
+    rule = "|---" * (len(features) + 1) + "|"
+    lines += [
+        "",
+        f"## Tenstorrent hardware (`mesh_backend={TTNN_BACKEND}`)",
+        "",
+        "·: declared by the tt-metal class itself and read at startup (`vllm-tt-models list` shows it "
+        "where tt-metal is installed); other cells are what the builtin table declares for the variant.",
+        "",
+        header,
+        rule,
+    ]
+    for fam in BUILTIN_FAMILIES:
+        for name, variant in fam.variants.items():
+            label = fam.name if len(fam.variants) == 1 else f"{fam.name} (`{name}`)"
+            cells = [_value(variant.capabilities[f]) if f in variant.capabilities else "·" for f in features]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for source in installed_source_names():
+        lines += _source_matrix(source, features, header, rule)
+    return "\n".join(lines) + "\n"
+
+
+def _source_matrix(source: str, features: dict[str, Feature], header: str, rule: str) -> list[str]:
+    refs: dict[str, int] = {}
+    rows: list[str] = []
+    for model, model_cls in _source_models(source):
+        caps = ModelCapabilities.of(model_cls, dict(model.overrides))
+        proofs = proofs_for(model.arch)
+        cells = []
+        for f in features:
+            marks = [refs.setdefault(p.test, len(refs) + 1) for p in proofs if p.feature == f]
+            tests = f" (T{', T'.join(map(str, marks))})" if marks else ""
+            cells.append(_value(getattr(caps, f)) + tests)
+        rows.append(f"| `{model.arch}` | " + " | ".join(cells) + " |")
+    lines = [
+        "",
+        f"## Mesh backend `{source}`",
+        "",
+        "T*n*: a test that shows the feature working on that family (listed below); the host models "
+        "are built from tiny checkpoints the tests make (`vllm-tt-tiny-model`).",
+        "",
+        header,
+        rule,
+        *rows,
+    ]
+    if refs:
+        lines += ["", "| | test | shows |", "|---|---|---|"]
+        for test, number in refs.items():
+            proofs = [p for p in PROOFS if p.test == test]
+            shown = "; ".join(p.shows for p in proofs)
+            lines.append(f"| T{number} | `{proofs[0].path}` `{proofs[0].function}` | {shown} |")
+    return lines
