@@ -234,9 +234,11 @@ def features_page() -> str:
         "",
         "What each model family provides, per mesh backend, read from the capability declarations "
         "(`model_capabilities` of the class, plus what its registration declares; see "
-        "[bundles.md](bundles.md#capabilities)). Nothing is keyed on a model or class name. A sampling "
-        "feature a model lacks falls back to the host sampler; any other option that needs a missing "
-        "capability is refused at startup ([troubleshooting.md](troubleshooting.md)).",
+        "[bundles.md](bundles.md#capabilities)). Nothing is keyed on a model or class name. Without a "
+        "capability: a batch the device sampler cannot express samples on the host for that step; a "
+        "`prompt_logprobs` request is refused (HTTP 400); `--data-parallel-size` is vLLM's multi-process "
+        "data parallelism; an explicit `sample_on_device_mode`, `--async-scheduling` or "
+        "`--enable-prefix-caching` is refused at startup ([troubleshooting.md](troubleshooting.md)).",
         "",
         "## Features",
         "",
