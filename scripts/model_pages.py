@@ -10,9 +10,13 @@ Nothing reads the environment, so the pages are the same wherever they are gener
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from vllm_tt_models_registry.builtin import BUILTIN_FAMILIES, BuiltinFamily
@@ -44,8 +48,11 @@ FEATURES: dict[str, Feature] = {
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
 }
 
-EVERY_TINY_ARCH = ("*",)
-"""A proof's ``archs`` when the test is parametrized over every tiny checkpoint architecture."""
+ROOT = Path(__file__).resolve().parent.parent
+ARCH_PARAM = "arch"
+"""A proof's ``archs`` when the test is parametrized over ``arch``: pytest's own collection
+then says which tiny checkpoints it runs, so a family added to the parametrization is marked
+without an edit here."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,9 @@ class Proof:
     feature: str
     test: str
     """``path/to/test_file.py::test_name``, relative to the repository root."""
-    archs: tuple[str, ...]
-    """``vllm-tt-tiny-model --arch`` values the test builds its checkpoint with."""
+    archs: tuple[str, ...] | str
+    """``vllm-tt-tiny-model --arch`` values the test builds its checkpoint with, or
+    :data:`ARCH_PARAM` for a test parametrized over them."""
     shows: str
 
     @property
@@ -83,7 +91,7 @@ PROOFS: tuple[Proof, ...] = (
           f"{_HOST_TESTS}/test_async_host_model.py::test_device_is_authoritative_for_continuing_slots",
           ("llama",), "the device keeps each slot's token and position between decodes"),
     Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_models.py::test_greedy_parity_with_transformers",
-          EVERY_TINY_ARCH, "a prefix-cache hit (prefill from start_pos 32) matches transformers"),
+          ARCH_PARAM, "a prefix-cache hit (prefill from start_pos 32) matches transformers"),
     Proof("single_program_lanes",
           f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
           ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),
@@ -163,10 +171,32 @@ def _tiny_archs() -> dict[str, str]:
     return {key: tt_arch_name(hf) for key, hf in ARCHITECTURES.items()}
 
 
+@cache
+def collected_archs(test: str) -> tuple[str, ...]:
+    """The ``arch`` values pytest collects ``test`` with (collection only: nothing runs)."""
+    import pytest
+
+    seen: list[str] = []
+
+    class Recorder:
+        def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+            seen.extend(item.callspec.params[ARCH_PARAM] for item in items if hasattr(item, "callspec"))
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = pytest.main([str(ROOT / test), "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[Recorder()])
+    if code != 0 or not seen:
+        raise SystemExit(f"collecting {test} over {ARCH_PARAM!r} failed (pytest exit {code}):\n{out.getvalue()}")
+    return tuple(sorted(set(seen)))
+
+
+def proof_archs(proof: Proof) -> tuple[str, ...]:
+    return collected_archs(proof.test) if proof.archs == ARCH_PARAM else tuple(proof.archs)
+
+
 def proofs_for(arch: str) -> list[Proof]:
     """The proofs that cover host architecture ``arch`` (a TT name)."""
     tiny = _tiny_archs()
-    return [p for p in PROOFS if any(tiny.get(k) == arch for k in (tiny if p.archs == EVERY_TINY_ARCH else p.archs))]
+    return [p for p in PROOFS if any(tiny.get(k) == arch for k in proof_archs(p))]
 
 
 def models_page() -> str:
