@@ -4,7 +4,7 @@
 (a) Host cost per engine step (schedule() + update_from_output()) of TTLaneCoordinator with
     4 lanes x 8 rows against one TTScheduler with 32 rows, on the same synthetic request trace,
     as a ratio (target <= 1.3x). No model runs: the simulator's fake runner samples tokens
-    (``vllm_tt_scheduler.sim``). The two run in alternating chunks of steps, so machine noise
+    (``vllm_tt_testing.scheduler_sim``). The two run in alternating chunks of steps, so machine noise
     (other processes) hits both alike; each pair is repeated and the median ratio reported.
 (b) End-to-end tokens/s through ``vllm serve`` on the host backend emulating a Galaxy (TG) with
     modelled device time: lanes (one engine process, one program per step over the mesh) against
@@ -34,6 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+sys.path.insert(0, str(REPO / "testing"))  # vllm_tt_testing: the in-repo test support
 from report import write_results  # noqa: E402
 from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
 
@@ -89,7 +90,7 @@ class Driver(TraceDriver):
 
     def __init__(self, shape: Shape, trace: list[Arrival]) -> None:
         from vllm_tt_scheduler import TTLaneCoordinator, TTScheduler
-        from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
+        from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
         tt: dict[str, object] = {}
         cls: Any = TTScheduler

@@ -5,7 +5,7 @@ Measures (1) host cost per engine step, ``schedule()`` + ``update_from_output()`
 ratio TT/stock over alternating runs on the same trace, with and without KV pressure;
 (2) mean time-to-first-token and inter-token latency in engine steps, for several
 ``prefill_burst`` and ``prefill_hold`` values and loads. No model runs: a fake runner
-samples tokens (``vllm_tt_scheduler.sim``). Writes JSON and a markdown table.
+samples tokens (``vllm_tt_testing.scheduler_sim``). Writes JSON and a markdown table.
 
     python benchmarks/scheduler_bench.py            # full run (about 4 min on 2 cores)
     python benchmarks/scheduler_bench.py --quick    # smoke run (seconds)
@@ -25,6 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
+sys.path.insert(0, str(REPO / "testing"))  # vllm_tt_testing: the in-repo test support
 from report import write_results  # noqa: E402
 from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
 
@@ -91,10 +92,10 @@ class RunResult:
 
 
 def simulated_engine(run: Run, spec: TraceSpec) -> Any:
-    """The simulated engine (``vllm_tt_scheduler.sim.Engine``) ``run`` asks for."""
+    """The simulated engine (``vllm_tt_testing.scheduler_sim.Engine``) ``run`` asks for."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm_tt_scheduler import TTScheduler
-    from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler
+    from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
     engine = ENGINES[run.engine]
     tt: dict[str, object] = {}

@@ -1,7 +1,7 @@
 """The synthetic workload of the scheduler benchmarks (``scheduler_bench.py``, ``lanes_bench.py``).
 
 A trace of Poisson arrivals in engine steps, and a driver that feeds it to one scheduler in the
-simulator (``vllm_tt_scheduler.sim``, no model), a chunk of steps at a time, so that several
+simulator (``vllm_tt_testing.scheduler_sim``, no model), a chunk of steps at a time, so that several
 schedulers can run in turn on the same trace and machine noise hits them alike.
 """
 
@@ -80,7 +80,7 @@ class TraceDriver:
         return not self.pending and not self.sim.has_work()
 
     def advance(self, steps: int) -> None:
-        from vllm_tt_scheduler.sim import make_request
+        from vllm_tt_testing.scheduler_sim import make_request
 
         sim, pending = self.sim, self.pending
         for _ in range(steps):

@@ -80,7 +80,7 @@ def test_vllm_admits_nothing_while_max_num_active_reqs_is_zero():
     waiting queues must stop before touching them. If a release moves that check, this fails
     (and the decode pass would admit prompts into a decode step)."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm_tt_scheduler.sim import SimConfig, build_scheduler, make_request
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_scheduler, make_request
 
     sched = build_scheduler(Scheduler, SimConfig())
     for i in range(3):

@@ -15,9 +15,9 @@ from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request, RequestStatus
 from vllm_tt_scheduler import TTLaneCoordinator
-from vllm_tt_scheduler.lane_config import LaneShape
-from vllm_tt_scheduler.lane_trace import NullLaneTrace
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, build_vllm_config, make_request
+from vllm_tt_scheduler.lanes.shape import LaneShape
+from vllm_tt_scheduler.lanes.trace import NullLaneTrace
+from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, build_vllm_config, make_request
 
 
 def config(lanes: int = 2, rows: int = 2, **fields: object) -> SimConfig:

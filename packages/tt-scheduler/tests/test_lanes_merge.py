@@ -13,8 +13,9 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.perf import PerfStats
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm_tt_scheduler.compat import HAS_ACCEPTABLE_DRAFTS, HAS_SKIP_DRAFTS, acceptable_drafts, grammar_output
-from vllm_tt_scheduler.lane_results import lane_stats, merge_engine_outputs, merge_stats
-from vllm_tt_scheduler.merge import MERGED_FIELDS, BlockNumbering, merge_grammar, merge_outputs
+from vllm_tt_scheduler.lanes.merge import MERGED_FIELDS, merge_grammar, merge_outputs
+from vllm_tt_scheduler.lanes.results import lane_stats, merge_engine_outputs, merge_stats
+from vllm_tt_scheduler.lanes.shape import BlockNumbering
 
 NUMBERING = BlockNumbering(blocks_per_lane=10)
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as HypothesisPhase
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_tt_scheduler import TTLaneCoordinator
-from vllm_tt_scheduler.sim import FakeRunner, SimConfig, build_scheduler
+from vllm_tt_testing.scheduler_sim import FakeRunner, SimConfig, build_scheduler
 
 
 def _load_machine():  # type: ignore[no-untyped-def]

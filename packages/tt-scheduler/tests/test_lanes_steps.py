@@ -3,7 +3,7 @@
 Row: (repeat, phase, lanes, finished, preempted), where ``lanes`` holds each lane's
 (waiting, running, scheduled tokens) right after ``schedule()``, ``finished`` are the requests
 whose finish the step's update reported, and identical consecutive rows are collapsed. The fake
-runner (``vllm_tt_scheduler.sim``) raises on a mixed step or on rows inconsistent with what it
+runner (``vllm_tt_testing.scheduler_sim``) raises on a mixed step or on rows inconsistent with what it
 ran before; every request's tokens are checked against its never-preempted greedy output.
 """
 
@@ -14,8 +14,8 @@ import json
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm_tt_scheduler import Phase, TTLaneCoordinator
-from vllm_tt_scheduler.lane_member import TTAsyncLaneScheduler, TTLaneScheduler
-from vllm_tt_scheduler.sim import (
+from vllm_tt_scheduler.lanes.member import TTAsyncLaneScheduler, TTLaneScheduler
+from vllm_tt_testing.scheduler_sim import (
     Engine,
     FakeRunner,
     SimConfig,

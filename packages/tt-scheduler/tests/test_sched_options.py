@@ -46,7 +46,7 @@ def test_tt_section_must_be_a_mapping() -> None:
 
 def _build(**config: object) -> object:
     from vllm_tt_scheduler import TTScheduler
-    from vllm_tt_scheduler.sim import SimConfig, build_scheduler
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_scheduler
 
     return build_scheduler(TTScheduler, SimConfig(**config))  # type: ignore[arg-type]
 
@@ -66,7 +66,7 @@ def test_unsupported_vllm_features_are_refused() -> None:
     from vllm.config import KVTransferConfig
     from vllm_tt_scheduler.options import SchedulerOptions as Options
     from vllm_tt_scheduler.requirements import check_vllm_config
-    from vllm_tt_scheduler.sim import SimConfig, build_vllm_config
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
 
     vllm_config = build_vllm_config(SimConfig())
     vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")

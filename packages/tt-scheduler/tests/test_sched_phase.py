@@ -60,6 +60,7 @@ def test_mixed_step_raises_naming_rows(output: _Output) -> None:
 def test_phase_module_and_defaults_import_without_vllm() -> None:
     code = (
         "import sys, vllm_tt_scheduler as m; m.Phase; m.DEFAULT_PREFILL_BURST; m.step_phase;"
+        "m.USER_OPTIONS; m.record_prefill_trace_lens; import vllm_tt_scheduler.lanes.shape;"
         "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm_tt_scheduler.queues import AdmissionPlanner, Partials, plan_admissions
-from vllm_tt_scheduler.sim import make_request
+from vllm_tt_testing.scheduler_sim import make_request
 
 NO_PARTIALS = Partials(0, 0, 0)
 CHUNK = 256

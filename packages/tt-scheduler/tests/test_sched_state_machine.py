@@ -26,7 +26,7 @@ from hypothesis import Phase as HypothesisPhase
 from hypothesis import strategies as st
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, Phase, TTAsyncScheduler, TTScheduler
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request
+from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request
 
 STEPS_PER_EXAMPLE = 400
 EXAMPLES_PER_TARGET = 13  # 2 targets x 13 x 400 = 10,400 steps, plus the drains

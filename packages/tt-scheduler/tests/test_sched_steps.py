@@ -4,7 +4,7 @@ Row: (repeat, phase, waiting, running, scheduled tokens, finished, preempted), w
 waiting/running are counted right after ``schedule()``, ``finished`` are the requests
 whose finish the step's update reported, and runs of identical rows are collapsed
 into one with a repeat count. A fake runner executes every step and raises on a mixed
-step or on rows inconsistent with what it ran before (``vllm_tt_scheduler.sim``).
+step or on rows inconsistent with what it ran before (``vllm_tt_testing.scheduler_sim``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from concurrent.futures import Future
 import pytest
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm_tt_scheduler import Phase, TTAsyncScheduler, TTScheduler
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request, step_table
+from vllm_tt_testing.scheduler_sim import (
+    Engine,
+    SimConfig,
+    build_scheduler,
+    greedy_tokens,
+    make_request,
+    step_table,
+)
 
 
 def engine(**config: object) -> Engine:

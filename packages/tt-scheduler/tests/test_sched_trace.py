@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from vllm_tt_scheduler import TTScheduler
-from vllm_tt_scheduler.sim import Engine, SimConfig, build_scheduler, make_request
 from vllm_tt_scheduler.trace import NullStepTrace
+from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, make_request
 
 
 def run(num_blocks: int | None = None) -> Engine:

@@ -1,7 +1,8 @@
 """vllm-tt-scheduler: vLLM's scheduler restricted to prefill-only, decode-only or empty steps.
 
-``Phase``, ``step_phase`` and the option defaults import without vLLM; the scheduler
-classes load vLLM on first access (vLLM resolves ``scheduler_cls`` by attribute).
+``Phase``, ``step_phase``, the options (``USER_OPTIONS``, defaults, ``record_prefill_trace_lens``)
+and the lane contract (``lanes.shape``) import without vLLM; the scheduler classes load vLLM on
+first access (vLLM resolves ``scheduler_cls`` by attribute).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from vllm_tt_scheduler.options import (
     CONFIG_KEYS,
     DEFAULT_PREFILL_BURST,
     DEFAULT_PREFILL_HOLD,
+    USER_OPTIONS,
+    OptionSpec,
     SchedulerOptions,
+    record_prefill_trace_lens,
 )
 from vllm_tt_scheduler.phase import MixedStepError, Phase, step_phase
 
 if TYPE_CHECKING:
-    from vllm_tt_scheduler.lanes import TTLaneCoordinator
+    from vllm_tt_scheduler.lanes.coordinator import TTLaneCoordinator
     from vllm_tt_scheduler.scheduler import TTAsyncScheduler, TTScheduler
 
 __all__ = [
@@ -25,15 +29,18 @@ __all__ = [
     "DEFAULT_PREFILL_BURST",
     "DEFAULT_PREFILL_HOLD",
     "MixedStepError",
+    "OptionSpec",
     "Phase",
     "SchedulerOptions",
     "TTAsyncScheduler",
     "TTLaneCoordinator",
     "TTScheduler",
+    "USER_OPTIONS",
+    "record_prefill_trace_lens",
     "step_phase",
 ]
 
-_LAZY = {"TTScheduler": "scheduler", "TTAsyncScheduler": "scheduler", "TTLaneCoordinator": "lanes"}
+_LAZY = {"TTScheduler": "scheduler", "TTAsyncScheduler": "scheduler", "TTLaneCoordinator": "lanes.coordinator"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,28 +1,74 @@
-"""Scheduler options read from ``--additional-config`` (``tt`` section).
+"""Scheduler options read from ``--additional-config`` (``tt`` section), declared once here.
 
-The platform owns the typed, user-facing config and validates it; this module reads
-the few keys the scheduler needs and re-checks them cheaply, so a scheduler built
-outside the platform (tests, benchmarks) still fails with a clear message.
-No vLLM import here: the platform imports ``DEFAULT_PREFILL_BURST`` at config time.
+Each user option is an ``OptionSpec`` (name, type, default, minimum, doc): the platform's typed,
+user-facing ``TTConfig`` declares its fields from these specs (and the configuration reference is
+generated from them), and this module parses the ``tt`` section with the same specs, so a
+scheduler built outside the platform (tests, benchmarks) still fails with a clear message.
+``_prefill_trace_lens`` is the one key the platform writes for the scheduler
+(``record_prefill_trace_lens``). No vLLM import here: the platform imports it at config time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-# Consecutive prefill steps allowed while decodes wait (see docs/scheduling.md for the
-# benchmark that picked it).
-DEFAULT_PREFILL_BURST = 2
 
-# New prompts wait (to share one prefill step) until the request-steps they have waited
-# reach this multiple of the decode steps their prefill would stall; 0 admits at once.
-# See ``policy.PhasePolicy`` and docs/scheduling.md for the benchmark behind it.
-DEFAULT_PREFILL_HOLD = 0.35
+@dataclass(frozen=True)
+class OptionSpec[T: (int, float)]:
+    """One user option of the phase scheduler: ``--additional-config.tt.<name>``."""
+
+    name: str
+    kind: type[T]
+    """``int`` (a whole number) or ``float`` (any finite number)."""
+    default: T
+    minimum: T
+    doc: str
+    """One line for the configuration reference."""
+
+    def read(self, tt: Mapping[str, Any]) -> T:
+        """The value in ``tt`` (or the default); raise ``ValueError`` naming the key when it is
+        not a number of the right kind at least ``minimum``."""
+        value: object = tt.get(self.name, self.default)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (self.kind is int and not isinstance(value, int))
+            or not self.minimum <= value < math.inf
+        ):
+            kind = "an integer" if self.kind is int else "a number"
+            raise ValueError(
+                f"--additional-config tt.{self.name}={value!r} is invalid: "
+                f"use {kind} >= {self.minimum} (default {self.default})"
+            )
+        return self.kind(value)
+
+
+# The defaults come from the benchmark in docs/scheduling.md.
+PREFILL_BURST = OptionSpec(
+    "prefill_burst", int, default=2, minimum=1,
+    doc="Most consecutive prefill steps while decodes wait; bounds decode stall.",
+)
+PREFILL_HOLD = OptionSpec(
+    "prefill_hold", float, default=0.35, minimum=0,
+    doc="How long new prompts may wait so that they share one prefill step, relative to the "
+    "decodes a prefill step stalls; 0 admits at once (lower time to first token, higher "
+    "inter-token latency). See docs/scheduling.md.",
+)
+USER_OPTIONS: tuple[OptionSpec[Any], ...] = (PREFILL_BURST, PREFILL_HOLD)
+"""The options users set; ``TTConfig`` declares one field from each."""
+
+DEFAULT_PREFILL_BURST: int = PREFILL_BURST.default
+DEFAULT_PREFILL_HOLD: float = PREFILL_HOLD.default
+
+PREFILL_TRACE_LENS_KEY = "_prefill_trace_lens"
+"""Set by the platform from the model's declared prefill trace lengths."""
 
 #: Keys this package reads from ``additional_config["tt"]``. ``_``-prefixed keys are
 #: set by the platform, never by users.
-CONFIG_KEYS = ("prefill_burst", "prefill_hold", "_prefill_trace_lens")
+CONFIG_KEYS = (*(spec.name for spec in USER_OPTIONS), PREFILL_TRACE_LENS_KEY)
 
 
 @dataclass(frozen=True)
@@ -30,11 +76,12 @@ class SchedulerOptions:
     """Policy knobs of the phase scheduler."""
 
     prefill_burst: int = DEFAULT_PREFILL_BURST
-    """Consecutive prefill steps allowed while decodes are running; then one decode."""
+    """Consecutive prefill steps allowed while decodes are running; then one decode
+    (``PREFILL_BURST``)."""
 
     prefill_hold: float = DEFAULT_PREFILL_HOLD
-    """How long new prompts may wait to be batched into one prefill step (see
-    ``policy.PhasePolicy.hold_ratio``); trades time-to-first-token for decode stalls."""
+    """How long new prompts may wait to be batched into one prefill step (``PREFILL_HOLD``;
+    see ``policy.PhasePolicy.hold_ratio``)."""
 
     prefill_chunk_cap: int | None = None
     """Largest prefill chunk per request (the model's largest prefill trace length),
@@ -48,31 +95,26 @@ class SchedulerOptions:
         tt = (additional_config or {}).get("tt", {}) or {}
         if not isinstance(tt, Mapping):
             raise ValueError(f"additional_config['tt'] must be a mapping, got {type(tt).__name__}")
-        burst = tt.get("prefill_burst", DEFAULT_PREFILL_BURST)
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-            raise ValueError(
-                f"--additional-config tt.prefill_burst={burst!r} is invalid: "
-                f"use an integer >= 1 (default {DEFAULT_PREFILL_BURST})"
-            )
-        hold = tt.get("prefill_hold", DEFAULT_PREFILL_HOLD)
-        if isinstance(hold, bool) or not isinstance(hold, int | float) or not 0 <= hold < float("inf"):
-            raise ValueError(
-                f"--additional-config tt.prefill_hold={hold!r} is invalid: use a number >= 0 "
-                f"(default {DEFAULT_PREFILL_HOLD}; 0 admits new prompts at once)"
-            )
         return cls(
-            prefill_burst=burst,
-            prefill_hold=float(hold),
-            prefill_chunk_cap=_chunk_cap(tt.get("_prefill_trace_lens")),
+            prefill_burst=PREFILL_BURST.read(tt),
+            prefill_hold=PREFILL_HOLD.read(tt),
+            prefill_chunk_cap=_chunk_cap(tt.get(PREFILL_TRACE_LENS_KEY)),
         )
 
 
-def _chunk_cap(trace_lens: Sequence[int] | None) -> int | None:
+def record_prefill_trace_lens(tt: MutableMapping[str, Any], trace_lens: Sequence[int]) -> None:
+    """Write the model's prefill trace lengths for the scheduler (which caps prefill chunks at
+    the largest); raise ``ValueError`` when they are not positive ints."""
+    _chunk_cap(trace_lens)
+    tt[PREFILL_TRACE_LENS_KEY] = list(trace_lens)
+
+
+def _chunk_cap(trace_lens: object) -> int | None:
     if trace_lens is None:
         return None
     if isinstance(trace_lens, str | bytes) or not isinstance(trace_lens, Sequence):
         raise ValueError(
-            f"additional_config tt._prefill_trace_lens={trace_lens!r} must be a list of "
+            f"additional_config tt.{PREFILL_TRACE_LENS_KEY}={trace_lens!r} must be a list of "
             "positive ints (set by the platform from the model's declared trace shapes)"
         )
     if not trace_lens:
@@ -80,6 +122,7 @@ def _chunk_cap(trace_lens: Sequence[int] | None) -> int | None:
     for length in trace_lens:
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(
-                f"additional_config tt._prefill_trace_lens={list(trace_lens)!r} must hold positive ints only"
+                f"additional_config tt.{PREFILL_TRACE_LENS_KEY}={list(trace_lens)!r} "
+                "must hold positive ints only"
             )
     return max(trace_lens)

@@ -31,7 +31,6 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-
 from vllm_tt_scheduler.phase import MixedStepError, Phase, step_phase
 
 VOCAB = 250

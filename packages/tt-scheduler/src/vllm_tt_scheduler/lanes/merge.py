@@ -1,16 +1,15 @@
 """Merge the lanes' scheduler outputs into the one step the runner executes.
 
-Each lane numbers the blocks of its own KV pool from 0. The runner holds one KV cache per lane
-and tells them apart by block id: global id = lane * blocks_per_lane + lane-local id (it finds a
-new request's lane from its first block, and its pages with ``% blocks_per_lane``). Every field
-that carries block ids is renumbered here; the lane outputs themselves are left untouched,
-because each lane's ``update_from_output`` reads its own.
+Each lane numbers the blocks of its own KV pool from 0; the runner tells the lanes' KV caches
+apart by block id (``shape.BlockNumbering``). Every field that carries block ids is renumbered
+here; the lane outputs themselves are left untouched, because each lane's
+``update_from_output`` reads its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from functools import cache
 from operator import attrgetter
 from typing import Any
@@ -31,27 +30,7 @@ from vllm_tt_scheduler.compat import (
     acceptable_drafts,
     grammar_output,
 )
-
-
-@dataclass(frozen=True)
-class BlockNumbering:
-    """Lane-local block ids to the runner's global ones."""
-
-    blocks_per_lane: int
-
-    def groups(self, lane: int, block_ids: tuple[list[int], ...]) -> tuple[list[int], ...]:
-        if lane == 0:
-            return block_ids
-        offset = lane * self.blocks_per_lane
-        return tuple([block + offset for block in group] for group in block_ids)
-
-    def ids(self, lane: int, block_ids: list[int]) -> list[int]:
-        offset = lane * self.blocks_per_lane
-        return [block + offset for block in block_ids]
-
-    def lane_of(self, block_id: int) -> int:
-        return block_id // self.blocks_per_lane
-
+from vllm_tt_scheduler.lanes.shape import BlockNumbering
 
 #: SchedulerOutput fields ``merge_outputs`` knows how to merge, across the supported vLLM
 #: releases. A release adding a field fails ``test_lanes_merge`` until the field gets a rule here.

@@ -14,7 +14,7 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.perf import PerfStats
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 
-from vllm_tt_scheduler.merge import known_fields
+from vllm_tt_scheduler.lanes.merge import known_fields
 
 
 def merge_engine_outputs(

@@ -28,11 +28,11 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
-from vllm_tt_scheduler.lane_config import LaneShape
-from vllm_tt_scheduler.lane_member import TTAsyncLaneScheduler, TTLaneScheduler
-from vllm_tt_scheduler.lane_results import lane_stats, merge_engine_outputs, merge_stats
-from vllm_tt_scheduler.lane_trace import open_lane_trace
-from vllm_tt_scheduler.merge import BlockNumbering, merge_grammar, merge_outputs
+from vllm_tt_scheduler.lanes.member import TTAsyncLaneScheduler, TTLaneScheduler
+from vllm_tt_scheduler.lanes.merge import merge_grammar, merge_outputs
+from vllm_tt_scheduler.lanes.results import lane_stats, merge_engine_outputs, merge_stats
+from vllm_tt_scheduler.lanes.shape import BlockNumbering, LaneShape
+from vllm_tt_scheduler.lanes.trace import open_lane_trace
 from vllm_tt_scheduler.phase import Phase
 from vllm_tt_scheduler.policy import PhasePolicy, WorkView
 from vllm_tt_scheduler.scheduler import PhaseScheduling

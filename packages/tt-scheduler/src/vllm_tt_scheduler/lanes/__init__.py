@@ -1,0 +1,12 @@
+"""Data-parallel lanes inside one engine process: one phase scheduler per lane, one step for all.
+
+``coordinator`` (``TTLaneCoordinator``, the ``scheduler_cls`` in lane mode) drives the lanes of
+``member``, merges their outputs (``merge``) and results (``results``) and writes the lane step
+trace (``trace``). ``shape`` is the lane contract with the platform: the ``tt`` keys the platform
+records (``LaneShape``) and the lane numbering of block ids (``BlockNumbering``).
+
+Imports: vLLM and this package's phase-scheduler modules (``scheduler``, ``phase``, ``policy``,
+``carry``, ``compat``, ``trace``, ``envs``); nothing outside ``lanes`` imports these modules but
+the package root's lazy ``TTLaneCoordinator``. ``shape`` (and this ``__init__``) import no vLLM, so
+the platform can read them at config time.
+"""
