@@ -191,3 +191,19 @@ def test_good_configuration_is_rewritten_for_tt(llama):
     assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTAsyncScheduler"
     assert config.cache_config.block_size == 64
     assert config.scheduler_config.async_scheduling is True
+
+
+def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, monkeypatch):
+    """With TT_MESH_BACKEND unset the registry plugin registered tt-metal's target; the config's
+    choice (host) is what vLLM's model registry serves once the config is built."""
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_models_registry.registry import load_registry
+
+    monkeypatch.delenv("TT_MESH_BACKEND", raising=False)
+    builtin = load_registry("ttnn").resolve("TTLlamaForCausalLM").target
+    vllm.ModelRegistry.register_model("TTLlamaForCausalLM", builtin)
+    EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST).create_engine_config()
+    entry = vllm.ModelRegistry.models["TTLlamaForCausalLM"]
+    host = load_registry("host").resolve("TTLlamaForCausalLM").target
+    assert f"{entry.module_name}:{entry.class_name}" == host != builtin

@@ -65,7 +65,7 @@ class TTWorker(WorkerBase):
         """The model allocates its own KV cache; vLLM's layout choice does not apply."""
 
     def determine_available_memory(self) -> int:
-        return self.runner.kv_cache_bytes()
+        return self.runner.reserve_kv_blocks()
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
@@ -80,9 +80,10 @@ class TTWorker(WorkerBase):
     def _log_startup_summary(self, warmup_s: float) -> None:
         s = self.setup
         logger.info(
-            "TT backend: %s backend, %s; model %s from %s; sampling %s; trace_mode=%s; "
+            "TT backend: %s backend (%s), %s; model %s from %s; sampling %s; trace_mode=%s; "
             "warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
-            s.config.mesh_backend, s.topology.describe(), s.model.arch, s.model.source,
+            s.config.mesh_backend, s.config.origin("mesh_backend"), s.topology.describe(), s.model.arch,
+            s.model.source,
             f"on device ({s.config.sample_on_device_mode}) with per-batch host fallback"
             if s.config.sample_on_device_mode else "host (vLLM sampler)",
             s.config.trace_mode, warmup_s, self.runner.num_blocks, self.runner.block_size,
@@ -107,6 +108,7 @@ class TTWorker(WorkerBase):
 
     def update_max_model_len(self, max_model_len: int) -> None:
         self.vllm_config.model_config.max_model_len = max_model_len
+        self.runner.update_max_model_len(max_model_len)
 
     def shutdown(self) -> None:
         if self._runner is not None:

@@ -154,6 +154,16 @@ class TTConfig:
                 provenance[name] = "default"
         return cls(**values, provenance=provenance)
 
+    def origin(self, name: str) -> str:
+        """Where option ``name`` came from, in words for the startup log."""
+        source = self.provenance.get(name, "default")
+        if source == "set":
+            return "set in --additional-config"
+        if source == "env":
+            env = next(f.metadata["env"] for f in self.options() if f.name == name)
+            return f"from {env}"
+        return "default"
+
     def summary(self) -> str:
         """One line per option: value and whether it was set or defaulted."""
         return ", ".join(f"{f.name}={getattr(self, f.name)!r} ({self.provenance.get(f.name, 'default')})"

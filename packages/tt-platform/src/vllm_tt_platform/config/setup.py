@@ -112,12 +112,28 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
     return True
 
 
+def register_with_vllm(setup: TTSetup) -> None:
+    """Make vLLM's model registry serve the TT architecture from the class this setup chose.
+
+    The registry plugin registers every TT architecture before any config exists, from the
+    environment alone (``TT_MESH_BACKEND``); the mesh backend itself is chosen once, in
+    ``TTConfig``, where ``--additional-config.tt.mesh_backend`` wins over the environment. This
+    brings vLLM's entry for the served architecture in line with that choice, in every process
+    that configures vLLM."""
+    import vllm
+
+    vllm.ModelRegistry.register_model(setup.model.arch, setup.model.target)
+    logger.debug("%s registered with vLLM as %s (mesh backend %r, %s)", setup.model.arch,
+                 setup.model.target, setup.config.mesh_backend, setup.config.provenance.get("mesh_backend"))
+
+
 def configure(vllm_config: VllmConfig) -> None:
     check_environment()
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
     setup = resolve_setup(vllm_config)
+    register_with_vllm(setup)
     if fold_data_parallel_into_lanes(vllm_config, setup.capabilities, setup.model.arch):
         setup = replace(setup, topology=_topology(vllm_config))
     tt = tt_section(vllm_config)

@@ -157,7 +157,7 @@ class SteadySampling:
                 logits_processors_configured=self.logits_processors,
                 num_output_tokens=len(state.output_token_ids),
             ))
-        decision = choose_sampling_path(rows, mode=self.mode, phase="decode", caps=self.caps,
+        decision = choose_sampling_path(rows, mode=self.mode, prefill=False, caps=self.caps,
                                         always_compat=self.always_compat)
         return None if decision.path is SamplingPath.DEVICE else f"host sampling ({decision.reason})"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from vllm.config import VllmConfig
@@ -25,6 +25,7 @@ from vllm_tt_sampling.decision import (
 from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
 from vllm_tt_sampling.stats import SamplingStats
 from vllm_tt_sampling.wire import to_device_params
+from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner import model_output
@@ -222,7 +223,8 @@ class TTModelRunner:
         """Lane of each new request, read from its first block id (lane-numbered blocks)."""
         if self.topology.lanes == 1:
             return {}
-        return {new.req_id: new.block_ids[0][0] // self.num_blocks for new in out.scheduled_new_reqs}
+        numbering = BlockNumbering(self.num_blocks)
+        return {new.req_id: numbering.lane_of(new.block_ids[0][0]) for new in out.scheduled_new_reqs}
 
     def _choose_sampling(self, plan: StepPlan) -> SamplingDecision:
         rows = [
@@ -235,9 +237,8 @@ class TTModelRunner:
             )
             for r in plan.rows
         ]
-        phase: Literal["prefill", "decode"] = "prefill" if plan.phase is Phase.PREFILL else "decode"
         decision = choose_sampling_path(
-            rows, mode=self.sampling_mode, phase=phase, caps=self.sampling_caps,
+            rows, mode=self.sampling_mode, prefill=plan.phase is Phase.PREFILL, caps=self.sampling_caps,
             always_compat=self.setup.config.always_compat_sampling,
         )
         self.sampling_stats.record(decision)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase, step_phase
 
 from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
@@ -51,10 +52,11 @@ def page_table(states: list[RequestState | None], width: int, blocks_per_lane: i
     """int32 ``[rows, width]`` block table of lane-local block ids, zero-padded (padding rows
     all zeros). With lanes, the scheduler numbers blocks ``lane * blocks_per_lane + local``."""
     table = torch.zeros((len(states), width), dtype=torch.int32)
+    numbering = BlockNumbering(blocks_per_lane)
     for i, state in enumerate(states):
         if state is not None and state.block_ids:
             blocks = torch.tensor(state.block_ids[:width], dtype=torch.int32)
-            table[i, : len(blocks)] = blocks % blocks_per_lane
+            table[i, : len(blocks)] = numbering.local(blocks)
     return table
 
 
