@@ -36,6 +36,7 @@ SEED_ARCHS = {
     "TTMistralForCausalLM",
     "TTMistral3ForConditionalGeneration",
     "TTGemma3ForConditionalGeneration",
+    "TTGemma3ForCausalLM",
     "TTGemma4ForCausalLM",
     "TTGemma4ForConditionalGeneration",
     "TTGemma4UnifiedForConditionalGeneration",

@@ -21,9 +21,9 @@ from vllm_tt_platform.host.models.families import (
     HostQwen2ForCausalLM,
     HostQwen3ForCausalLM,
 )
+from vllm_tt_platform.host.models.gemma3 import HostGemma3ForCausalLM
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError, PrefillTooLongError, TraceKey
-from vllm_tt_platform.host.tiny import ARCHITECTURES
 from vllm_tt_platform.mesh.shape import MeshShape
 
 MODEL_CLASSES: dict[str, type[HostCausalLM]] = {
@@ -31,6 +31,7 @@ MODEL_CLASSES: dict[str, type[HostCausalLM]] = {
     "mistral": HostMistralForCausalLM,
     "qwen2": HostQwen2ForCausalLM,
     "qwen3": HostQwen3ForCausalLM,
+    "gemma3": HostGemma3ForCausalLM,
 }
 BLOCK = 16
 NUM_BLOCKS = 64
@@ -165,7 +166,7 @@ def prompts(seed: int, *lengths: int) -> list[list[int]]:
     return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(MODEL_CLASSES))
 def test_greedy_parity_with_transformers(arch, tiny_checkpoint, hf_reference):
     model, _ = build(tiny_checkpoint, arch)
     runner = Runner(model, seed=1)
@@ -368,6 +369,7 @@ def test_capabilities_and_registry_table():
             "mistral": "TTMistralForCausalLM",
             "qwen2": "TTQwen2ForCausalLM",
             "qwen3": "TTQwen3ForCausalLM",
+            "gemma3": "TTGemma3ForCausalLM",
         }[arch]
         module, name = HOST_MODELS[tt_name].split(":")
         assert getattr(__import__(module, fromlist=[name]), name) is cls
@@ -529,4 +531,4 @@ def test_reading_host_models_imports_no_torch():
 
     code = "import sys, vllm_tt_platform.host.models as m; print(len(m.HOST_MODELS), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["4", "False"]
+    assert out.stdout.split() == [str(len(HOST_MODELS)), "False"]

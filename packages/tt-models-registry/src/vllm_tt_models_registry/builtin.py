@@ -100,7 +100,7 @@ BUILTIN_FAMILIES: tuple[BuiltinFamily, ...] = (
     ),
     BuiltinFamily(
         "Gemma 3",
-        ("Gemma3ForConditionalGeneration",),
+        ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
         _one(f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
     ),
     BuiltinFamily(

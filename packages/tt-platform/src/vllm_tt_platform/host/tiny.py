@@ -29,6 +29,7 @@ ARCHITECTURES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 """``--arch`` value -> the HF architecture written to ``config.json``."""
 
@@ -95,6 +96,23 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
         "head_dim": 48,
         "use_sliding_window": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # Gemma 3 text shape: two sliding-window layers and a global one, each kind with its own
+    # rope (global: linear scaling, as Gemma 3 4B+), a window short enough for test prompts to
+    # cross it, query_pre_attn_scalar unlike head_dim, and final logit soft-capping.
+    "gemma3": {
+        "rms_norm_eps": 1e-6,
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "sliding_window": 32,
+        "query_pre_attn_scalar": 64,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        },
     },
 }
 
@@ -170,12 +188,13 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
     """The transformers config of the tiny ``arch`` model."""
     from transformers import AutoConfig
 
-    model_type = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}[arch]
+    model_type = {
+        "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
+    }[arch]
     config = AutoConfig.for_model(
         model_type,
         vocab_size=vocab_size,
-        **_COMMON_DIMS,
-        **_ARCH_CONFIG[arch],
+        **{**_COMMON_DIMS, **_ARCH_CONFIG[arch]},
         **special_ids,
     )
     config.architectures = [ARCHITECTURES[arch]]

@@ -13,6 +13,7 @@ HOST_MODELS: dict[str, str] = {
     "TTMistralForCausalLM": f"{_FAMILIES}:HostMistralForCausalLM",
     "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
     "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
+    "TTGemma3ForCausalLM": "vllm_tt_platform.host.models.gemma3:HostGemma3ForCausalLM",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 

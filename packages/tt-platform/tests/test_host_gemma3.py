@@ -1,0 +1,401 @@
+"""The host Gemma 3 text model against transformers' own ``Gemma3ForCausalLM``, driven through
+the hybrid-KV contract the way the runner drives it: one KV cache group per attention kind
+(sliding layers, full layers), one block pool shared by the groups, layers of different groups
+sharing storage (``tensor_idx``), and per-layer page tables in which a sliding group's blocks
+that left the window are zeroed (vLLM's null block) after being poisoned with NaN, so reading
+one would show."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import types
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.host.device import HostMeshDevice
+from vllm_tt_platform.host.models import HOST_MODELS
+from vllm_tt_platform.host.models.gemma3 import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
+from vllm_tt_platform.host.models.shapes import HostModelInputError
+from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+from vllm_tt_platform.mesh.shape import MeshShape
+
+BLOCK = 16
+NUM_BLOCKS = 128
+WIDTH = 24
+"""Page-table width (blocks per row): 384 positions."""
+TENSOR_IDX = (0, 1, 0)
+"""Layer -> KV tensor, as vLLM's hybrid manager shares them: sliding layer 0 with full layer 2."""
+TRAIN_STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real."""
+    return build_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3") / "ckpt", train_steps=TRAIN_STEPS)
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    config = AutoConfig.from_pretrained(checkpoint)
+    return HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
+
+
+def prompts(seed: int, *lengths: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
+
+
+@dataclass
+class Seq:
+    prompt: list[int]
+    blocks: dict[int | None, list[int]] = field(default_factory=dict)
+    """Per KV cache group (keyed by its window; None = full attention): the block table."""
+    computed: int = 0
+    generated: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def history(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+class HybridRunner:
+    """vLLM's hybrid KV manager and the TT runner, reduced to what these tests need."""
+
+    def __init__(self, model: HostGemma3ForCausalLM, seed: int = 0, free_outside_window: bool = True) -> None:
+        cfg = model.config
+        self.model = model
+        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]
+        shape = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
+        self.kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, t) for t in TENSOR_IDX])
+        order = list(range(1, NUM_BLOCKS))  # block 0 is the null block
+        random.Random(seed).shuffle(order)
+        self.free = order  # one pool for every group
+        self.free_outside_window = free_outside_window
+        self.seqs: dict[int, Seq] = {}
+
+    def add(self, slot: int, prompt: list[int]) -> None:
+        self.seqs[slot] = Seq(prompt, {w: [] for w in set(self.windows)})
+
+    def _schedule(self, slot: int, computed: int, length: int) -> None:
+        """Blocks up to ``length``; sliding groups drop blocks wholly before the window of the
+        first position computed now (vLLM: ``computed - window + 1`` tokens are skipped)."""
+        seq = self.seqs[slot]
+        for window, blocks in seq.blocks.items():
+            while len(blocks) * BLOCK < length:
+                blocks.append(self.free.pop())
+            if window is None or not self.free_outside_window:
+                continue
+            skipped = max(0, computed - window + 1)
+            for j in range(skipped // BLOCK):
+                if blocks[j]:
+                    self._poison(blocks[j], window)
+                    blocks[j] = 0
+
+    def _poison(self, block: int, window: int) -> None:
+        for layer, (k, v) in enumerate(self.kv[0]):
+            if self.windows[layer] == window:
+                k[block] = float("nan")
+                v[block] = float("nan")
+
+    def _tables(self, slots: list[int | None], rows: int) -> list[torch.Tensor]:
+        tables = []
+        for window in self.windows:
+            table = torch.zeros(rows, WIDTH, dtype=torch.int32)
+            for row, slot in enumerate(slots):
+                if slot is not None:
+                    blocks = self.seqs[slot].blocks[window]
+                    table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            tables.append(table)
+        return tables
+
+    def prefill(self, chunks: list[tuple[int, int]], **kwargs):
+        """One prefill step: ``(slot, end)`` computes ``[computed, end)`` of that request."""
+        width = max(len(self.seqs[s].history) for s, _ in chunks)
+        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
+        for row, (slot, end) in enumerate(chunks):
+            self._schedule(slot, self.seqs[slot].computed, end)
+            history = self.seqs[slot].history
+            tokens[row, : len(history)] = torch.tensor(history)
+        rows = self.model.max_batch_size
+        tables = self._tables([s for s, _ in chunks] + [None] * (rows - len(chunks)), rows)
+        out = self.model.prefill_forward(
+            tokens=tokens,
+            page_table=tables[0][: len(chunks)],
+            kv_cache=self.kv,
+            prompt_lens=[end for _, end in chunks],
+            start_pos=[self.seqs[s].computed for s, _ in chunks],
+            empty_slots=[s for s, _ in chunks],
+            page_tables_per_layer=tables,
+            **kwargs,
+        )
+        for row, (slot, end) in enumerate(chunks):
+            seq = self.seqs[slot]
+            seq.computed = end
+            if end == len(seq.history) and not kwargs:
+                seq.logits.append(out[row, -1])
+                seq.generated.append(int(out[row, -1].argmax()))
+        return out
+
+    def decode(self, steps: int) -> None:
+        rows = self.model.max_batch_size
+        for _ in range(steps):
+            tokens = torch.zeros(rows, 1, dtype=torch.int32)
+            start = torch.full((rows,), -1, dtype=torch.int32)
+            for slot, seq in self.seqs.items():
+                position = len(seq.history) - 1
+                self._schedule(slot, position, position + 1)
+                tokens[slot, 0] = seq.history[-1]
+                start[slot] = position
+            tables = self._tables([s if s in self.seqs else None for s in range(rows)], rows)
+            out = self.model.decode_forward(
+                tokens=tokens, start_pos=start, page_table=tables[0], kv_cache=self.kv,
+                page_tables_per_layer=tables,
+            )
+            for slot, seq in self.seqs.items():
+                seq.computed = len(seq.history)
+                seq.logits.append(out[slot, -1])
+                seq.generated.append(int(out[slot, -1].argmax()))
+
+
+def hf_greedy(hf, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=steps,
+            eos_token_id=None, pad_token_id=2, output_logits=True, return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
+
+
+def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([prompt])).logits[0]
+
+
+def all_logits(model, prompt: list[int]) -> torch.Tensor:
+    """Our logits at every prompt position, one prefill through the hybrid layout."""
+    runner = HybridRunner(model)
+    runner.add(0, prompt)
+    return runner.prefill([(0, len(prompt))], return_all_logits=True)[0]
+
+
+def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
+    """Logits of the same weights with one config field changed (a plausible mistake)."""
+    config = dataclasses.replace(model.config, **config_changes)
+    decoder = Gemma3Decoder(config, model.decoder.weights)
+    lane_kv = HybridRunner(model).kv[0]
+    table = torch.arange(1, WIDTH + 1, dtype=torch.int32)
+    with torch.no_grad():
+        return decoder.prefill(torch.tensor(prompt), 0, 1024, [table] * config.num_layers, lane_kv, all_positions=True)
+
+
+def test_prefill_logits_match_transformers_at_every_position(model, hf):
+    prompt = prompts(0, 230)[0]  # 7 windows long
+    ours, theirs = all_logits(model, prompt), hf_logits(hf, prompt)
+    diff = (ours - theirs).abs().max().item()
+    assert diff < 1e-4, diff
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    ("mistake", "changes"),
+    [
+        ("no sliding window", {"layer_windows": (None, None, None)}),
+        ("global rope base on local layers", {"local_rope": "global"}),
+        ("window one token wider", {"layer_windows": (33, 33, None)}),
+        ("head_dim attention scale", {"query_pre_attn_scalar": 32.0}),
+    ],
+)
+def test_plausible_mistakes_change_the_logits(model, hf, mistake, changes):
+    """The parity tests above would catch each of these: they move the logits far past the
+    tolerance and change greedy tokens."""
+    if changes.get("local_rope") == "global":
+        changes = {"local_rope": model.config.rope}
+    prompt = prompts(1, 200)[0]
+    theirs = hf_logits(hf, prompt)
+    wrong = wrong_logits(model, prompt, **changes)
+    assert (wrong - theirs).abs().max().item() > 1e-2, mistake
+    assert not torch.equal(wrong.argmax(-1), theirs.argmax(-1)), mistake
+    right = wrong_logits(model, prompt)
+    assert (right - theirs).abs().max().item() < 1e-4
+
+
+def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
+    """Three requests in one fixed batch (slot 1 padding): prompts shorter than, across and far
+    past the window, then token-by-token decode whose sliding group drops (and poisons) every
+    block that leaves the window; logits equal HF's at every step, tokens equal generate()'s."""
+    runner = HybridRunner(model, seed=1)
+    short, middle, long = prompts(2, 20, 45, 260)
+    for slot, prompt in ((0, short), (2, middle), (3, long)):
+        runner.add(slot, prompt)
+    runner.prefill([(0, 20), (2, 45)])
+    runner.prefill([(3, 260)])
+    runner.decode(16)
+    assert runner.seqs[3].blocks[32][:15] == [0] * 15  # the window moved on
+    for slot in (0, 2, 3):
+        seq = runner.seqs[slot]
+        tokens, logits = hf_greedy(hf, seq.prompt, len(seq.generated))
+        assert seq.generated == tokens, slot
+        for step, (ours, theirs) in enumerate(zip(seq.logits, logits, strict=True)):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=f"slot {slot} step {step}")
+
+
+@pytest.mark.parametrize("chunks", [(40, 100), (37, 70, 131), (16, 32, 48, 64, 150)])
+def test_chunked_prefill_across_the_window_equals_one_shot(model, chunks):
+    """Chunks ending before, on and after block and window boundaries; each chunk starts with
+    the sliding group's blocks before its window already dropped."""
+    prompt = prompts(3, chunks[-1])[0]
+    one_shot = HybridRunner(model, seed=2)
+    one_shot.add(0, prompt)
+    one_shot.prefill([(0, len(prompt))])
+    one_shot.decode(4)
+
+    chunked = HybridRunner(model, seed=3)
+    chunked.add(0, prompt)
+    for end in chunks:
+        chunked.prefill([(0, end)])
+    chunked.decode(4)
+    assert chunked.seqs[0].generated == one_shot.seqs[0].generated
+    for ours, theirs in zip(chunked.seqs[0].logits, one_shot.seqs[0].logits, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_freed_sliding_blocks_are_never_read(model):
+    """The same requests with and without vLLM dropping out-of-window blocks: equal logits,
+    although dropped blocks hold NaN and their table entries point at block 0."""
+    results = []
+    for free in (False, True):
+        runner = HybridRunner(model, seed=4, free_outside_window=free)
+        runner.add(0, prompts(4, 150)[0])
+        runner.prefill([(0, 90)])
+        runner.prefill([(0, 150)])
+        runner.decode(6)
+        if free:
+            assert runner.seqs[0].blocks[32][:6] == [0] * 6
+            block0 = [t[0] for layer in runner.kv[0] for t in layer]
+            assert all(not b.any() for b in block0)  # the null block stays untouched
+        results.append(runner.seqs[0])
+    assert results[0].generated == results[1].generated
+    for kept, dropped in zip(results[0].logits, results[1].logits, strict=True):
+        assert torch.isfinite(dropped).all()
+        torch.testing.assert_close(kept, dropped, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_softcapping_is_ignored_like_transformers(checkpoint, model):
+    """``attn_logit_softcapping`` is a Gemma 2 field: transformers' Gemma 3 (and vLLM's) never
+    apply it, so a config that sets it must not change our logits either."""
+    config = AutoConfig.from_pretrained(checkpoint)
+    config.attn_logit_softcapping = 0.5
+    hf = AutoModelForCausalLM.from_pretrained(
+        checkpoint, config=config, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ours = HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 256)
+    prompt = prompts(5, 80)[0]
+    assert (all_logits(ours, prompt) - hf_logits(hf, prompt)).abs().max().item() < 1e-4
+
+
+def test_greedy_generate_parity_on_text(checkpoint, model, hf):
+    """Real text prompts of 100-300 tokens, decoded side by side in one batch."""
+    from transformers import AutoTokenizer
+    from vllm_tt_platform.host.tiny import corpus_text
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    text = corpus_text()
+    ids = tokenizer(text[:4000])["input_ids"]
+    runner = HybridRunner(model, seed=5)
+    lengths = {0: 110, 1: 190, 2: 300}
+    for slot, n in lengths.items():
+        runner.add(slot, ids[slot * 7 : slot * 7 + n])
+    runner.prefill([(0, 110), (1, 128)])
+    runner.prefill([(1, 190), (2, 300)])
+    runner.decode(15)
+    for slot in lengths:
+        seq = runner.seqs[slot]
+        tokens, _ = hf_greedy(hf, seq.prompt, len(seq.generated))
+        assert seq.generated == tokens, slot
+
+
+def test_kv_cache_spec_names_each_layer_kind(checkpoint):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    vllm_config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=AutoConfig.from_pretrained(checkpoint), dtype=torch.bfloat16),
+        cache_config=types.SimpleNamespace(block_size=64),
+    )
+    specs = HostGemma3ForCausalLM.get_kv_cache_spec(vllm_config)
+    assert list(specs) == [f"model.layers.{i}.self_attn" for i in range(3)]
+    assert [type(s) for s in specs.values()] == [SlidingWindowSpec, SlidingWindowSpec, FullAttentionSpec]
+    assert specs["model.layers.0.self_attn"].sliding_window == 32
+    for spec in specs.values():
+        assert (spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype) == (64, 2, 32, torch.bfloat16)
+
+
+def test_layers_with_one_tensor_idx_share_storage(model):
+    cfg = model.config
+    shape = (10, 1, BLOCK, cfg.head_dim)  # one device's share of the kv heads
+    kv = model.allocate_kv_cache_per_layer([(shape, torch.bfloat16, t) for t in TENSOR_IDX])
+    assert len(kv) == 1 and len(kv[0]) == 3
+    assert kv[0][0][0] is kv[0][2][0] and kv[0][0][1] is kv[0][2][1]
+    assert kv[0][1][0] is not kv[0][0][0]
+    assert kv[0][1][0].shape == (10, 2, BLOCK, cfg.head_dim) and kv[0][1][0].dtype == torch.float32
+    with pytest.raises(HostModelInputError, match="shares KV tensor 0"):
+        model.allocate_kv_cache_per_layer([((10, 2, BLOCK, 32), None, 0), ((10, 2, BLOCK, 32), None, 1),
+                                           ((12, 2, BLOCK, 32), None, 0)])
+    with pytest.raises(HostModelInputError, match="3 layers"):
+        model.allocate_kv_cache_per_layer([(shape, None, 0)] * 2)
+
+
+def test_page_tables_per_layer_must_name_every_layer(model):
+    runner = HybridRunner(model)
+    runner.add(0, prompts(6, 10)[0])
+    tables = runner._tables([0, None, None, None], 4)
+    with pytest.raises(HostModelInputError, match="2 tables, the model has 3 layers"):
+        model.prefill_forward(
+            tokens=torch.zeros(1, 10, dtype=torch.int32), page_table=tables[0][:1], kv_cache=runner.kv,
+            prompt_lens=[10], page_tables_per_layer=tables[:2],
+        )
+
+
+def test_config_reading(checkpoint):
+    config = AutoConfig.from_pretrained(checkpoint)
+    ours = Gemma3Config.from_hf_text(config)
+    assert ours.layer_windows == (32, 32, None)
+    assert (ours.rope_of(0).theta, ours.rope_of(2).theta, ours.rope_of(2).rope_type) == (1e4, 1e6, "linear")
+    assert ours.rope_of(2).factor == 8.0 and ours.final_logit_softcapping == 30.0
+    assert Gemma3Config.from_hf_text(config, n_layers=2).layer_windows == (32, 32)
+    legacy = types.SimpleNamespace(
+        **{k: getattr(config, k) for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "layer_types", "sliding_window", "hidden_activation",
+        )},
+        rope_theta=500_000.0, rope_local_base_freq=20_000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
+    )
+    old = Gemma3Config.from_hf_text(legacy)
+    assert (old.rope.theta, old.rope.factor, old.local_rope.theta) == (500_000.0, 4.0, 20_000.0)
+    for name, value, error in (
+        ("use_bidirectional_attention", True, TTUnsupportedFeatureError),
+        ("hidden_activation", "silu", TTUnsupportedFeatureError),
+        ("sliding_window", None, TTConfigError),
+        ("layer_types", ["sliding_attention", "chunked_attention", "full_attention"], TTConfigError),
+    ):
+        broken = types.SimpleNamespace(**{**vars(legacy), name: value})
+        with pytest.raises(error, match=name):
+            Gemma3Config.from_hf_text(broken)
+
+
+def test_registered_for_the_host_backend():
+    from vllm_tt_models_registry.contract import check_model_class
+
+    module, name = HOST_MODELS["TTGemma3ForCausalLM"].split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is HostGemma3ForCausalLM
+    assert check_model_class(HostGemma3ForCausalLM, owner="host").supports_sample_on_device
