@@ -19,8 +19,8 @@ from vllm_tt_platform.runner.sampling_output import (
     from_host,
     positions,
 )
+from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 from vllm_tt_platform.runner.sampling_trace import (
-    ENV_VAR,
     JsonlSamplingTrace,
     NullSamplingTrace,
     open_sampling_trace,
@@ -33,7 +33,7 @@ VOCAB = 16
 
 
 def state(req_id: str, prompt: list[int], computed: int = 0, slot: int = 0, **params) -> RequestState:
-    return RequestState(req_id, slot, list(prompt), SamplingParams(max_tokens=8, **params), [1], computed)
+    return RequestState(req_id, slot, list(prompt), SamplingParams(max_tokens=8, **params), [[1]], computed)
 
 
 def chunk(s: RequestState, end: int) -> ScheduledRow:
@@ -220,7 +220,7 @@ def test_device_kwargs_send_histories_only_with_penalties():
 
 def test_sampling_trace_writes_one_line_per_decision(tmp_path):
     path = tmp_path / "trace.jsonl"
-    trace = open_sampling_trace({ENV_VAR: str(path)})
+    trace = open_sampling_trace({TT_SAMPLING_TRACE.name: str(path)})
     assert isinstance(trace, JsonlSamplingTrace)
     trace.record(1, "decode", SamplingDecision(SamplingPath.HOST, "min_p"), ["b", "a"])
     trace.record(2, "prefill", SamplingDecision(SamplingPath.DEVICE, "device"), ["c"])
@@ -235,4 +235,4 @@ def test_sampling_trace_writes_one_line_per_decision(tmp_path):
 
 def test_sampling_trace_is_off_without_the_variable():
     assert isinstance(open_sampling_trace({}), NullSamplingTrace)
-    assert isinstance(open_sampling_trace({ENV_VAR: ""}), NullSamplingTrace)
+    assert isinstance(open_sampling_trace({TT_SAMPLING_TRACE.name: ""}), NullSamplingTrace)

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD
 
+from vllm_tt_platform import envs
 from vllm_tt_platform.errors import TTConfigError
 
 KEY_PREFIX = "--additional-config.tt."
@@ -243,5 +244,8 @@ def markdown_reference() -> str:
         env = f"`{f.metadata['env']}`" if f.metadata["env"] else ""
         kind = str(f.type).replace(" | None", ", optional")
         lines.append(f"| `{f.name}` | {kind} | `{default!r}` | {allowed} | {env} | {f.metadata['doc']} |")
-    return "\n".join(lines) + "\n"
+    lines += ["", "## Environment variables", "",
+              "Besides the `env` column above, the platform reads these (the model registry's own "
+              "variables are in [Model bundles](bundles.md)):", "", envs.markdown_table()]
+    return "\n".join(lines)
 

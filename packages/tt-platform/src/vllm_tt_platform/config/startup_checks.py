@@ -7,13 +7,13 @@ info line instead.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
 from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -23,17 +23,16 @@ TT_DEVICE_NAMES = ("", "tt")
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    environ = os.environ if environ is None else environ
-    target = environ.get("VLLM_TARGET_DEVICE", "")
-    if target.strip().lower() not in TT_DEVICE_NAMES:
+    target = VLLM_TARGET_DEVICE.read(environ)
+    if target.lower() not in TT_DEVICE_NAMES:
         raise TTConfigError(
             "VLLM_TARGET_DEVICE", target, "unset (or 'tt') while the TT backend serves",
             "unset VLLM_TARGET_DEVICE: it selects another vLLM platform",
         )
-    v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").strip().lower()
-    if v2 not in ("", "0", "false"):
+    v2 = VLLM_USE_V2_MODEL_RUNNER.read(environ)
+    if v2.lower() not in ("0", "false"):
         raise TTUnsupportedFeatureError(
-            "VLLM_USE_V2_MODEL_RUNNER", environ["VLLM_USE_V2_MODEL_RUNNER"],
+            "VLLM_USE_V2_MODEL_RUNNER", v2,
             "unset or 0; the TT model runner implements the V1 runner interface",
             "unset VLLM_USE_V2_MODEL_RUNNER",
         )

@@ -7,10 +7,10 @@ Convention, used everywhere in vllm-tt: a shape is ``(rows, cols)`` and a Galaxy
 from __future__ import annotations
 
 import ast
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_tt_platform.envs import MESH_DEVICE
 from vllm_tt_platform.errors import TTConfigError
 
 
@@ -105,8 +105,7 @@ class MeshRequest:
 
 def mesh_request(environ: Mapping[str, str] | None = None) -> MeshRequest:
     """The mesh ``MESH_DEVICE`` asks for (one device when unset)."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get("MESH_DEVICE", "").strip()
+    raw = MESH_DEVICE.read(environ)
     if not raw:
         return MeshRequest(MeshShape(1, 1), "default: MESH_DEVICE unset", None)
     return MeshRequest(parse_mesh_device(raw), f"MESH_DEVICE={raw}", preset_name(raw))

@@ -9,15 +9,12 @@ the same pattern as the scheduler's ``TT_STEP_TRACE``).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import IO, Protocol
 
 from vllm_tt_sampling.decision import SamplingDecision
 
-ENV_VAR = "TT_SAMPLING_TRACE"
-"""Path of the JSON-lines sampling trace; unset or empty: off, at no cost."""
-
+from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 
 class SamplingTrace(Protocol):
     def record(self, step: int, phase: str, decision: SamplingDecision, req_ids: Sequence[str]) -> None: ...
@@ -58,5 +55,5 @@ class JsonlSamplingTrace:
 
 def open_sampling_trace(environ: Mapping[str, str] | None = None) -> SamplingTrace:
     """The trace ``TT_SAMPLING_TRACE`` asks for; the null trace when it is unset or empty."""
-    path = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    path = TT_SAMPLING_TRACE.read(environ)
     return JsonlSamplingTrace(path) if path else NullSamplingTrace()

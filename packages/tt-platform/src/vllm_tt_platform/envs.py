@@ -1,0 +1,58 @@
+"""The environment variables the platform reads: one table, each with a parser and its meaning.
+
+Read lazily from a mapping passed in (``os.environ`` by default). The registry's own variables
+(``TT_MESH_BACKEND``, ``EXTRA_MODELS_DIR``, ...) live in its table; options that also have a
+``--additional-config.tt`` key are declared with the option (``config.options``). The
+configuration reference lists this table (``python scripts/gen_docs.py``).
+"""
+
+from __future__ import annotations
+
+from vllm_tt_models_registry.envs import EnvVar
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+def _optional_path(name: str, raw: str) -> str | None:
+    return raw or None
+
+
+MESH_DEVICE: EnvVar[str] = EnvVar(
+    "MESH_DEVICE",
+    "",
+    _text,
+    "The mesh to serve on, instead of -tp/-pp: a preset (N150, N300, T3K, TG, P150, BH-Galaxy, ...) "
+    "or a shape such as (1,8). Unset: one device.",
+)
+TT_SAMPLING_TRACE: EnvVar[str | None] = EnvVar(
+    "TT_SAMPLING_TRACE",
+    "",
+    _optional_path,
+    "Path of a JSON-lines sampling trace (one line per step: phase, device or host, and why). "
+    "Unset: off, at no cost.",
+)
+VLLM_TARGET_DEVICE: EnvVar[str] = EnvVar(
+    "VLLM_TARGET_DEVICE",
+    "",
+    _text,
+    "vLLM's own platform override: must be unset (or `tt`) while the TT backend serves.",
+)
+VLLM_USE_V2_MODEL_RUNNER: EnvVar[str] = EnvVar(
+    "VLLM_USE_V2_MODEL_RUNNER",
+    "0",
+    _text,
+    "vLLM's V2 runner switch: must be unset or 0 (the TT runner implements the V1 interface).",
+)
+
+ENV_VARS: tuple[EnvVar, ...] = (MESH_DEVICE, TT_SAMPLING_TRACE, VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER)
+
+
+def markdown_table() -> str:
+    """The variables as a Markdown table, for the configuration reference."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in ENV_VARS:
+        default = f"`{var.default}`" if var.default else "unset"
+        rows.append(f"| `{var.name}` | {default} | {var.doc} |")
+    return "\n".join(rows) + "\n"
