@@ -98,7 +98,7 @@ def decision_cost(batch: int, repeats: int) -> dict[str, dict[str, float]]:
     def decide() -> None:
         stats.record(
             choose_sampling_path(
-                rows, mode=DeviceSamplingMode.ALL, phase="decode", caps=caps, always_compat=False
+                rows, mode=DeviceSamplingMode.ALL, prefill=False, caps=caps, always_compat=False
             )
         )
 
@@ -106,7 +106,7 @@ def decision_cost(batch: int, repeats: int) -> dict[str, dict[str, float]]:
         views = [RowSampling.from_vllm(p, structured_output=False, intermediate_chunk=False) for p in params]
         stats.record(
             choose_sampling_path(
-                views, mode=DeviceSamplingMode.ALL, phase="decode", caps=caps, always_compat=False
+                views, mode=DeviceSamplingMode.ALL, prefill=False, caps=caps, always_compat=False
             )
         )
 
@@ -114,7 +114,7 @@ def decision_cost(batch: int, repeats: int) -> dict[str, dict[str, float]]:
         to_device_params(params, 131072)
 
     decision = choose_sampling_path(
-        rows, mode=DeviceSamplingMode.ALL, phase="decode", caps=caps, always_compat=False
+        rows, mode=DeviceSamplingMode.ALL, prefill=False, caps=caps, always_compat=False
     )
     if decision.reason != "device":
         raise RuntimeError(f"benchmark batch should sample on device, got {decision}")

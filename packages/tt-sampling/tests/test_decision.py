@@ -27,8 +27,8 @@ def row(**overrides) -> RowSampling:
     )
 
 
-def choose(rows, *, mode=DeviceSamplingMode.ALL, phase="decode", caps=CAPS, always_compat=False):
-    return choose_sampling_path(rows, mode=mode, phase=phase, caps=caps, always_compat=always_compat)
+def choose(rows, *, mode=DeviceSamplingMode.ALL, prefill=False, caps=CAPS, always_compat=False):
+    return choose_sampling_path(rows, mode=mode, prefill=prefill, caps=caps, always_compat=always_compat)
 
 
 def test_supported_batch_samples_on_device():
@@ -41,7 +41,7 @@ def test_supported_batch_samples_on_device():
     [
         ({"mode": None}, "mode_off"),
         ({"always_compat": True}, "always_compat"),
-        ({"mode": DeviceSamplingMode.DECODE_ONLY, "phase": "prefill"}, "phase_not_enabled"),
+        ({"mode": DeviceSamplingMode.DECODE_ONLY, "prefill": True}, "phase_not_enabled"),
     ],
 )
 def test_batch_level_rules(kwargs, reason):
@@ -54,7 +54,7 @@ def test_decode_only_mode_allows_decode():
 
 
 def test_all_mode_allows_prefill():
-    assert choose([row()], phase="prefill").path is SamplingPath.DEVICE
+    assert choose([row()], prefill=True).path is SamplingPath.DEVICE
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,8 @@ def test_one_row_sends_whole_batch_to_host(overrides, reason):
 
 
 def test_prompt_logprobs_only_matter_in_prefill():
-    assert choose([row(prompt_logprobs=True)], phase="prefill").reason == "prompt_logprobs"
-    assert choose([row(prompt_logprobs=True)], phase="decode").reason == "device"
+    assert choose([row(prompt_logprobs=True)], prefill=True).reason == "prompt_logprobs"
+    assert choose([row(prompt_logprobs=True)], prefill=False).reason == "device"
 
 
 def test_greedy_rows_ignore_top_k():
@@ -122,9 +122,11 @@ def test_empty_batch_is_device():
     assert choose([]).reason == "device"
 
 
-def test_bad_phase_is_an_error():
-    with pytest.raises(ValueError, match="phase"):
-        choose([row()], phase="verify")
+@pytest.mark.parametrize("bad", ["prefill", "decode", 1, None])
+def test_prefill_must_be_a_bool(bad):
+    # A phase name in place of the flag would be truthy, so "decode" would read as prefill.
+    with pytest.raises(TypeError, match=f"prefill={bad!r} must be a bool"):
+        choose([row()], prefill=bad)
 
 
 def test_reason_codes_are_listed():
@@ -208,43 +210,11 @@ def test_structured_outputs_in_params_count():
     assert view(params).structured_output
 
 
-# --- caps and mode -----------------------------------------------------------------------------
-
-
-def test_caps_from_model_capabilities():
-    caps = DeviceSamplingCaps.from_model_capabilities(
-        {"max_device_top_k": 16, "supports_device_penalties": False, "max_device_logprobs": 5}
-    )
-    assert caps == DeviceSamplingCaps(max_top_k=16, penalties=False, max_logprobs=5)
+# --- caps ------------------------------------------------------------------------------------------
 
 
 def test_caps_defaults_follow_tt_metal():
-    assert DeviceSamplingCaps.from_model_capabilities({}) == DeviceSamplingCaps(
-        max_top_k=32, penalties=True, max_logprobs=0
-    )
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"max_device_top_k": 0},
-        {"max_device_top_k": "32"},
-        {"supports_device_penalties": "yes"},
-        {"max_device_logprobs": -2},
-    ],
-)
-def test_caps_reject_bad_values(bad):
-    key = next(iter(bad))
-    with pytest.raises(ValueError, match=key):
-        DeviceSamplingCaps.from_model_capabilities(bad)
-
-
-def test_mode_parse():
-    assert DeviceSamplingMode.parse(None) is None
-    assert DeviceSamplingMode.parse("all") is DeviceSamplingMode.ALL
-    assert DeviceSamplingMode.parse("decode_only") is DeviceSamplingMode.DECODE_ONLY
-    with pytest.raises(ValueError, match="'all', 'decode_only'"):
-        DeviceSamplingMode.parse("prefill_only")
+    assert DeviceSamplingCaps() == DeviceSamplingCaps(max_top_k=32, penalties=True, max_logprobs=0)
 
 
 # --- batch composition (property) ----------------------------------------------------------------
@@ -260,11 +230,11 @@ rows_strategy = st.builds(
 )
 
 
-@given(rows=st.lists(rows_strategy, max_size=6), phase=st.sampled_from(["prefill", "decode"]))
-def test_batch_is_device_iff_every_row_alone_is(rows, phase):
+@given(rows=st.lists(rows_strategy, max_size=6), prefill=st.booleans())
+def test_batch_is_device_iff_every_row_alone_is(rows, prefill):
     caps = DeviceSamplingCaps(max_top_k=32, penalties=False, max_logprobs=0)
-    decision = choose(rows, phase=phase, caps=caps)
-    alone = [choose([r], phase=phase, caps=caps) for r in rows]
+    decision = choose(rows, prefill=prefill, caps=caps)
+    alone = [choose([r], prefill=prefill, caps=caps) for r in rows]
     assert decision.reason in REASONS
     assert (decision.path is SamplingPath.DEVICE) == all(d.path is SamplingPath.DEVICE for d in alone)
     if decision.path is SamplingPath.HOST:

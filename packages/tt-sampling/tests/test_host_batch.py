@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_sampling.host import HostSamplingBatch, prompt_logprobs
 
 VOCAB = 64
 EOS = 2
@@ -289,10 +289,9 @@ def test_logprob_token_ids_are_gathered():
 
 
 def test_prompt_logprobs_equal_log_softmax():
-    b = batch()
     logits = torch.randn(5, VOCAB)
     targets = torch.tensor([3, 1, 4, 1, 5])
-    lp = b.prompt_logprobs(logits, targets, 2)
+    lp = prompt_logprobs(logits, targets, 2)
     expected = logits.log_softmax(-1)
     assert lp.logprob_token_ids.shape == (5, 3)
     assert lp.logprob_token_ids[:, 0].tolist() == targets.tolist()

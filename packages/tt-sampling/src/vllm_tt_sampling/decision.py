@@ -8,9 +8,9 @@ feature the device lacks sends its neighbours to the host sampler too. The funct
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from vllm_tt_sampling.params import DEVICE_TOP_K
 from vllm_tt_sampling.stats import SamplingStats
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DeviceSamplingCaps",
     "DeviceSamplingMode",
-    "Phase",
     "RowSampling",
     "SamplingDecision",
     "SamplingPath",
@@ -37,28 +36,12 @@ SAMPLING_EPS = 1e-5
 NO_DEVICE_LOGPROBS = -1
 """``DeviceSamplingCaps.max_logprobs`` of a model that returns no logprobs at all."""
 
-Phase = Literal["prefill", "decode"]
-
 
 class DeviceSamplingMode(enum.Enum):
     """Operator setting ``sample_on_device_mode``: which phases may sample on device."""
 
     ALL = "all"
     DECODE_ONLY = "decode_only"
-
-    @classmethod
-    def parse(cls, value: str | None) -> DeviceSamplingMode | None:
-        """Read the user's setting; ``None`` keeps host sampling everywhere."""
-        if value is None:
-            return None
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(
-                f"sample_on_device_mode={value!r} is not a mode; use one of {allowed} "
-                "or leave it unset for host sampling."
-            ) from None
 
 
 class SamplingPath(enum.Enum):
@@ -77,28 +60,6 @@ class DeviceSamplingCaps:
     max_logprobs: int = 0
     """Largest ``SamplingParams.logprobs`` served: 0 = the sampled token's logprob only,
     ``NO_DEVICE_LOGPROBS`` = none."""
-
-    @classmethod
-    def from_model_capabilities(cls, capabilities: Mapping[str, Any]) -> DeviceSamplingCaps:
-        """Build from a model class's ``model_capabilities`` dict (tt-metal key names)."""
-        top_k = capabilities.get("max_device_top_k")
-        if top_k is None:
-            top_k = DEVICE_TOP_K
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(
-                f"model_capabilities['max_device_top_k']={top_k!r} must be a positive int "
-                f"(tt-metal devices sample from at most {DEVICE_TOP_K} candidates)."
-            )
-        penalties = capabilities.get("supports_device_penalties", True)
-        if not isinstance(penalties, bool):
-            raise ValueError(f"model_capabilities['supports_device_penalties']={penalties!r} must be a bool.")
-        logprobs = capabilities.get("max_device_logprobs", 0)
-        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < -1:
-            raise ValueError(
-                f"model_capabilities['max_device_logprobs']={logprobs!r} must be an int >= -1 "
-                "(-1 = no logprobs, 0 = sampled token only, n = top-n)."
-            )
-        return cls(max_top_k=top_k, penalties=penalties, max_logprobs=logprobs)
 
 
 @dataclass(frozen=True)
@@ -189,7 +150,8 @@ def _logprobs_exceed(row: RowSampling, caps: DeviceSamplingCaps) -> bool:
     return row.logprobs > caps.max_logprobs
 
 
-_RowCheck = Callable[[RowSampling, DeviceSamplingCaps, Phase], bool]
+_RowCheck = Callable[[RowSampling, DeviceSamplingCaps, bool], bool]
+"""A rule: (row, caps, prefill) -> the row breaks it."""
 
 # Checked in this order; the first rule any row breaks names the reason. Keep the codes stable:
 # they appear in step traces and logs.
@@ -204,7 +166,7 @@ _ROW_CHECKS: tuple[tuple[str, _RowCheck], ...] = (
     ("logits_processors", lambda r, c, p: r.logits_processors),
     ("thinking_budget", lambda r, c, p: r.thinking_budget),
     # Prompt logprobs need the logits of every prompt position, which only prefill produces.
-    ("prompt_logprobs", lambda r, c, p: p == "prefill" and r.prompt_logprobs),
+    ("prompt_logprobs", lambda r, c, p: p and r.prompt_logprobs),
     ("logprobs_exceed_device", lambda r, c, p: _logprobs_exceed(r, c)),
     ("top_k_exceeds_device", lambda r, c, p: _top_k_exceeds(r, c)),
     ("penalties_unsupported", lambda r, c, p: r.penalties and not c.penalties),
@@ -224,22 +186,23 @@ def choose_sampling_path(
     requests: Sequence[RowSampling],
     *,
     mode: DeviceSamplingMode | None,
-    phase: Phase,
+    prefill: bool,
     caps: DeviceSamplingCaps,
     always_compat: bool,
 ) -> SamplingDecision:
-    """Device sampling only when the operator enabled it for this phase and every request uses
-    only what the device does (greedy/temperature, top-k up to ``caps.max_top_k``, top-p, seed,
-    penalties if declared, logprobs up to ``caps.max_logprobs``)."""
-    if phase not in ("prefill", "decode"):
-        raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'.")
+    """Device sampling only when the operator enabled it for this step's phase (``prefill``:
+    a prefill step, else a decode step) and every request uses only what the device does
+    (greedy/temperature, top-k up to ``caps.max_top_k``, top-p, seed, penalties if declared,
+    logprobs up to ``caps.max_logprobs``)."""
+    if not isinstance(prefill, bool):
+        raise TypeError(f"prefill={prefill!r} must be a bool: True for a prefill step, False for a decode one.")
     if mode is None:
         return SamplingDecision(SamplingPath.HOST, "mode_off")
     if always_compat:
         return SamplingDecision(SamplingPath.HOST, "always_compat")
-    if mode is DeviceSamplingMode.DECODE_ONLY and phase == "prefill":
+    if mode is DeviceSamplingMode.DECODE_ONLY and prefill:
         return SamplingDecision(SamplingPath.HOST, "phase_not_enabled")
     for code, breaks in _ROW_CHECKS:
-        if any(breaks(row, caps, phase) for row in requests):
+        if any(breaks(row, caps, prefill) for row in requests):
             return SamplingDecision(SamplingPath.HOST, code)
     return SamplingDecision(SamplingPath.DEVICE, "device")

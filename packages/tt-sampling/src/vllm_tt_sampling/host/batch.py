@@ -14,14 +14,13 @@ import numpy as np
 import torch
 from vllm import SamplingParams
 from vllm.config import VllmConfig
-from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.logits_processor import LogitsProcessor, build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from vllm_tt_sampling.device.rng import seeded_uniform
 from vllm_tt_sampling.host.compat import PortableSampler
 from vllm_tt_sampling.host.grammar import apply_grammar_bitmask
-from vllm_tt_sampling.host.logprobs import prompt_logprobs
 from vllm_tt_sampling.host.metadata import build_metadata
 from vllm_tt_sampling.host.processors import SlotLogitsProcessors
 from vllm_tt_sampling.host.requests import SlotRequest
@@ -177,12 +176,6 @@ class HostSamplingBatch:
                 position = int(positions[row])
             uniforms[row] = seeded_uniform(seed, position)
         return uniforms
-
-    def prompt_logprobs(
-        self, logits: torch.Tensor, target_token_ids: torch.Tensor, num_logprobs: int
-    ) -> LogprobsTensors:
-        """Prompt logprobs of one request from its prefill logits (see ``host.logprobs``)."""
-        return prompt_logprobs(logits, target_token_ids, num_logprobs)
 
     def _grammar_slots(self, req_slots: Sequence[int], req_ids: Sequence[str]) -> list[int]:
         if req_slots and req_ids:
