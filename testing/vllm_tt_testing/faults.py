@@ -1,4 +1,4 @@
-"""Fault injectors for the overlapped-decode hooks (``vllm_tt_platform.runner.faults``).
+"""Fault injectors for the overlapped-decode hooks (``vllm_tt_platform.faults``).
 
 ``RandomFaults`` sleeps at random points and races finalisation from another thread, like
 vLLM's output thread in a multi-process worker; ``ScriptedFaults`` sleeps exactly where a test
@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vllm_tt_platform.runner.faults import DelayPoint, Faults
+from vllm_tt_platform.faults import DelayPoint, Faults
 
 
 @dataclass

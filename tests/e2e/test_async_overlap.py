@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from vllm_tt_platform.runner.faults import NO_FAULTS
+from vllm_tt_platform.faults import NO_FAULTS
 from vllm_tt_testing.faults import RandomFaults
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ from vllm_tt_platform.runner.async_decode import (
     event_synchronizer,
     overlap_for,
 )
-from vllm_tt_platform.runner.faults import DelayPoint, Faults
+from vllm_tt_platform.faults import DelayPoint, Faults
 from vllm_tt_testing.faults import ScriptedFaults
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.host.device import HostMeshDevice

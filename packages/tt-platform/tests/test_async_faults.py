@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from vllm_tt_platform.runner.faults import NO_FAULTS, DelayPoint
+from vllm_tt_platform.faults import NO_FAULTS, DelayPoint
 from vllm_tt_testing.faults import RandomFaults, ScriptedFaults
 
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 from transformers import AutoConfig
-from vllm_tt_platform.runner.faults import DelayPoint, Faults
+from vllm_tt_platform.faults import DelayPoint, Faults
 from vllm_tt_platform.host.device_time import parse_device_time
 from vllm_tt_platform.host.command_queue import CommandQueue
 from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from vllm_tt_platform.runner.faults import DelayPoint
+from vllm_tt_platform.faults import DelayPoint
 from vllm_tt_testing.faults import ScriptedFaults
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.host.device_time import (

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD
+from vllm_tt_scheduler.options import PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
 from vllm_tt_platform.errors import TTConfigError
@@ -25,12 +25,18 @@ packages (e.g. the scheduler); users never set them."""
 
 
 def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
-         minimum: int | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None,
+         minimum: float | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None,
          check: Callable[[str], object] | None = None, allowed: str = "") -> dict[str, Any]:
     """``check`` validates a free-form string (raising ``ValueError`` with the accepted forms);
     ``allowed`` describes those forms in the generated reference."""
     return {"doc": doc, "choices": choices, "env": env, "minimum": minimum, "choices_from": choices_from,
             "check": check, "allowed": allowed}
+
+
+def _scheduler_opt(spec: OptionSpec[Any]) -> Any:
+    """A field the scheduler declares (``vllm_tt_scheduler.options``): default, minimum and doc
+    are the spec's, and the field's annotation is ``spec.kind`` (``test_config`` checks)."""
+    return field(default=spec.default, metadata={**_opt(spec.doc, minimum=spec.minimum), "scheduler": spec})
 
 
 def _device_time(value: str) -> object:
@@ -90,12 +96,8 @@ class TTConfig:
     optimizations: str | None = field(default=None, metadata=_opt(
         "Precision preset forwarded to the model's `initialize_vllm_model`.",
         choices=("performance", "accuracy")))
-    prefill_burst: int = field(default=DEFAULT_PREFILL_BURST, metadata=_opt(
-        "Most consecutive prefill steps while decodes wait; bounds decode stall.", minimum=1))
-    prefill_hold: float = field(default=DEFAULT_PREFILL_HOLD, metadata=_opt(
-        "How long new prompts may wait so that they share one prefill step, relative to the "
-        "decodes a prefill step stalls; 0 admits at once (lower time to first token, higher "
-        "inter-token latency). See docs/scheduling.md.", minimum=0))
+    prefill_burst: int = _scheduler_opt(PREFILL_BURST)
+    prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
     host_device_time: str | None = field(default=None, metadata=_opt(
         "Host backend only: make the emulated device take modelled time. Programs then run on "
         "the device's own thread and complete no earlier than their duration, and readbacks "

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from vllm.logger import init_logger
 from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
+from vllm_tt_scheduler import record_prefill_trace_lens
+from vllm_tt_scheduler.lanes.shape import LaneShape
 
 from vllm_tt_platform.config import cli_flags
 
@@ -75,10 +77,10 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
 
 
 def _topology(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> Topology:
-    tt = tt_section(vllm_config)
-    lanes = int(tt.get("_lanes", 1))
-    rows_per_lane = int(tt.get("_rows_per_lane", vllm_config.scheduler_config.max_num_seqs))
-    return Topology(mesh_request(environ), lanes, rows_per_lane)
+    shape = LaneShape.from_tt_section(tt_section(vllm_config))  # validated: the platform wrote it
+    if shape is None:
+        return Topology(mesh_request(environ), 1, vllm_config.scheduler_config.max_num_seqs)
+    return Topology(mesh_request(environ), shape.lanes, shape.rows_per_lane)
 
 
 def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> bool:
@@ -91,14 +93,14 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
     """
     tt = tt_section(vllm_config)
     parallel = vllm_config.parallel_config
-    if "_lanes" in tt or parallel.data_parallel_size <= 1 or not caps.single_program_lanes:
+    if LaneShape.recorded(tt) or parallel.data_parallel_size <= 1 or not caps.single_program_lanes:
         return False
     lanes = parallel.data_parallel_size
     mesh = mesh_request()
     mesh.shape.split(lanes)  # raises when the lanes do not divide the mesh
     scheduler = vllm_config.scheduler_config
-    tt["_lanes"] = lanes
-    tt["_rows_per_lane"] = scheduler.max_num_seqs
+    shape = LaneShape(lanes, scheduler.max_num_seqs)
+    shape.record(tt)
     scheduler.max_num_seqs *= lanes
     scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
     parallel.data_parallel_size = 1
@@ -107,7 +109,7 @@ def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabiliti
     logger.info(
         "Data parallelism as in-process lanes: %s declares single_program_lanes; %d lanes x %d rows "
         "on %s split into %s sub-meshes, one engine process.",
-        arch, lanes, tt["_rows_per_lane"], mesh.shape, mesh.shape.split(lanes),
+        arch, lanes, shape.rows_per_lane, mesh.shape, mesh.shape.split(lanes),
     )
     return True
 
@@ -163,7 +165,7 @@ def configure(vllm_config: VllmConfig) -> None:
     hf_config = vllm_config.model_config.hf_config
     hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures or []]
     if caps.prefill_trace_lens:
-        tt["_prefill_trace_lens"] = list(caps.prefill_trace_lens)
+        record_prefill_trace_lens(tt, caps.prefill_trace_lens)
 
     vllm_config.parallel_config.worker_cls = WORKER_CLS
     if setup.topology.lanes > 1:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_tt_platform.runner.faults import NO_FAULTS, DelayPoint, Faults
+from vllm_tt_platform.faults import NO_FAULTS, DelayPoint, Faults
 
 
 class DeviceEvent:

@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_platform.runner.faults import Faults
+from vllm_tt_platform.faults import Faults
 from vllm_tt_platform.host.device_time import DeviceTimeSpec, ModelDims, ProgramCosts
 from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
 from vllm_tt_platform.mesh.shape import MeshShape

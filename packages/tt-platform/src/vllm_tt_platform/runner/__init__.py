@@ -4,7 +4,7 @@
 (``step``, over the ``batch`` of live requests), builds the fixed-shape inputs, submits the
 model call, reads the result back (``model_output``; overlapped in ``async_decode``) and turns it
 into vLLM's sampled output (``sampling_inputs`` / ``sampling_output``, over the sampling
-distribution; ``sampling_trace`` records the decisions). ``faults`` holds the null fault hooks
-tests stretch. May import ``config``, ``mesh`` and the scheduler/sampling/registry
-distributions; never ``host`` (the host backend is reached only through the model contract).
+distribution; ``sampling_trace`` records the decisions). May import ``config``, ``mesh`` and the
+scheduler, sampling and registry distributions; never ``host`` (the host backend is reached
+only through the model contract).
 """

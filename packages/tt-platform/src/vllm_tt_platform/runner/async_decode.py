@@ -43,7 +43,7 @@ from vllm_tt_sampling.decision import (
 )
 
 from vllm_tt_platform.runner import model_output
-from vllm_tt_platform.runner.faults import NO_FAULTS, DelayPoint, Faults
+from vllm_tt_platform.faults import NO_FAULTS, DelayPoint, Faults
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
