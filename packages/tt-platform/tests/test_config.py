@@ -32,6 +32,19 @@ def test_prefill_hold_is_a_number():
     assert TTConfig.from_sources({"prefill_hold": "0.25"}, environ={}).prefill_hold == 0.25
 
 
+def test_scheduler_options_are_the_schedulers_declarations():
+    # One source: the scheduler's OptionSpecs give type, default, minimum and doc.
+    from vllm_tt_scheduler import USER_OPTIONS
+
+    declared = {f.name: f for f in TTConfig.options() if "scheduler" in f.metadata}
+    assert list(declared) == [spec.name for spec in USER_OPTIONS]
+    for spec in USER_OPTIONS:
+        f = declared[spec.name]
+        assert f.metadata["scheduler"] is spec
+        assert (f.type, f.default, f.metadata["minimum"], f.metadata["doc"]) == (
+            spec.kind.__name__, spec.default, spec.minimum, spec.doc)
+
+
 def test_explicit_key_beats_environment():
     config = TTConfig.from_sources({"mesh_backend": "ttnn"}, environ={"TT_MESH_BACKEND": "host"})
     assert config.mesh_backend == "ttnn"
