@@ -8,7 +8,6 @@ from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import SamplingParams
 from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_platform.config import request_checks
-from vllm_tt_platform.config import setup
 from vllm_tt_platform.config.request_checks import RequestRules, TTUnsupportedRequestError, check_request
 
 WITH = RequestRules(arch="TTWithForCausalLM", prompt_logprobs=True)
@@ -18,7 +17,7 @@ WITHOUT = RequestRules(arch="TTWithoutForCausalLM", prompt_logprobs=False)
 @pytest.fixture
 def installed():
     """Install rules for one test, restoring whatever the process had."""
-    before = request_checks.installed()
+    before = request_checks._installed
     yield request_checks.install
     if before is not None:
         request_checks.install(before)
@@ -49,11 +48,22 @@ def test_thinking_token_budget_is_rejected_whatever_the_model():
 
 
 def test_platform_validate_request_uses_the_installed_rules(installed):
+    from vllm_tt_platform.platform import TTPlatform
+
     installed(WITHOUT)
     with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
-        setup.validate_request(SamplingParams(prompt_logprobs=1))
+        TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
     installed(WITH)
-    setup.validate_request(SamplingParams(prompt_logprobs=1))
+    TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
+
+
+def test_a_pooling_request_is_refused_by_name():
+    from vllm.pooling_params import PoolingParams
+    from vllm_tt_platform.errors import TTUnsupportedFeatureError
+    from vllm_tt_platform.platform import TTPlatform
+
+    with pytest.raises(TTUnsupportedFeatureError, match="PoolingParams.*pooling requests are not supported"):
+        TTPlatform.validate_request(None, PoolingParams())
 
 
 @pytest.fixture
@@ -78,7 +88,7 @@ def test_configure_installs_the_served_models_rules(tiny_checkpoint, installed, 
 
     monkeypatch.setenv("TT_MESH_BACKEND", "host")
     EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
-    assert request_checks.installed() == RequestRules("TTLlamaForCausalLM", prompt_logprobs=True)
+    assert request_checks._installed == RequestRules("TTLlamaForCausalLM", prompt_logprobs=True)
 
 
 def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
@@ -88,6 +98,6 @@ def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
 
     monkeypatch.setenv("TT_MESH_BACKEND", "host")
     EngineArgs(model=str(tiny_checkpoint("llama")), max_model_len=256).create_engine_config()
-    assert request_checks.installed().prompt_logprobs is False
+    assert request_checks._installed.prompt_logprobs is False
     with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
-        setup.validate_request(SamplingParams(prompt_logprobs=0))
+        check_request(SamplingParams(prompt_logprobs=0))

@@ -79,6 +79,6 @@ class TTPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        from vllm_tt_platform.config.setup import validate_request
+        from vllm_tt_platform.config.request_checks import check_request
 
-        validate_request(params)
+        check_request(params)

@@ -1,5 +1,6 @@
-"""Per-request checks: sampling features the TT backend cannot honour are rejected when the
-request arrives (HTTP 400 from the API server), never silently ignored mid-generation.
+"""Per-request checks, the one place a request is refused: sampling features the TT backend
+cannot honour are rejected when the request arrives (HTTP 400 from the API server), never
+silently ignored mid-generation. Whole features are refused at startup (``startup_checks``).
 
 vLLM calls ``Platform.validate_request(inputs, params)`` with no config, in the front-end
 process. ``configure`` (which vLLM runs in every process, front end included) therefore
@@ -13,6 +14,8 @@ from typing import Any
 
 from vllm.exceptions import VLLMValidationError
 from vllm_tt_models_registry.contract import ModelCapabilities
+
+from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
 
 class TTUnsupportedRequestError(VLLMValidationError):
@@ -41,19 +44,19 @@ def install(rules: RequestRules) -> None:
     _installed = rules
 
 
-def installed() -> RequestRules | None:
-    return _installed
-
-
 def check_request(params: Any, rules: RequestRules | None = None) -> None:
-    """Raise ``TTUnsupportedRequestError`` for a request the backend would not honour.
+    """Raise ``TTUnsupportedRequestError`` for a request the backend would not honour, and
+    ``TTUnsupportedFeatureError`` for one that is not a generation request at all.
 
     ``rules`` defaults to the installed ones; with none installed, model-specific checks are
     skipped (the worker's checks still apply)."""
     from vllm.sampling_params import SamplingParams
 
     if not isinstance(params, SamplingParams):
-        return
+        raise TTUnsupportedFeatureError(
+            "request", type(params).__name__, "a generation request (SamplingParams)",
+            "TT serves text generation only; pooling requests are not supported",
+        )
     rules = _installed if rules is None else rules
     if params.thinking_token_budget is not None:
         raise TTUnsupportedRequestError(

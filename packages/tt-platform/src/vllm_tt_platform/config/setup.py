@@ -173,14 +173,3 @@ def configure(vllm_config: VllmConfig) -> None:
     else:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     scheduler.enable_chunked_prefill = True
-
-
-def validate_request(params: Any) -> None:
-    from vllm.sampling_params import SamplingParams
-
-    if not isinstance(params, SamplingParams):
-        raise TTUnsupportedFeatureError(
-            "request", type(params).__name__, "a generation request (SamplingParams)",
-            "TT serves text generation only; pooling requests are not supported",
-        )
-    request_checks.check_request(params)
