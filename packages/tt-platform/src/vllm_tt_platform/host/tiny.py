@@ -30,6 +30,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 """``--arch`` value -> the HF architecture written to ``config.json``."""
 
@@ -114,6 +115,26 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
         },
     },
+    # GPT-OSS shape: a sliding layer then a full one (window 32 < TRAIN_SEQ_LEN, so training
+    # uses the window), 4 experts routed top-2, YaRN with the real model's betas and no
+    # truncation (its ramp falls inside the head), attention sinks and biases, float32.
+    "gpt_oss": {
+        "rms_norm_eps": 1e-5,
+        "head_dim": 32,
+        "sliding_window": 32,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 1024,
+        },
+    },
 }
 
 
@@ -190,6 +211,7 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
 
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
+        "gpt_oss": "gpt_oss",
     }[arch]
     config = AutoConfig.for_model(
         model_type,
