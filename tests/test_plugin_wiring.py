@@ -40,3 +40,19 @@ def test_platform_active_when_ttnn_imports():
 
 def test_platform_inactive_without_ttnn():
     assert _platform_in_subprocess(BLOCK_TTNN) != "TTPlatform"
+
+
+def test_the_class_names_the_platform_sets_resolve_as_vllm_resolves_them():
+    # vLLM imports the module and reads the attribute (resolve_obj_by_qualname); the scheduler's
+    # classes are lazy attributes of its package root, so a move inside it must keep them there.
+    import importlib
+
+    from vllm.v1.core.sched.interface import SchedulerInterface
+    from vllm_tt_platform.config import setup
+
+    for name in (setup.SCHEDULER_CLS, setup.ASYNC_SCHEDULER_CLS, setup.LANE_SCHEDULER_CLS, setup.WORKER_CLS):
+        module, _, attr = name.rpartition(".")
+        resolved = getattr(importlib.import_module(module), attr)
+        assert resolved.__name__ == attr, name
+        if name != setup.WORKER_CLS:
+            assert issubclass(resolved, SchedulerInterface), name
