@@ -49,6 +49,8 @@ def test_generated_pages_cover_every_registered_family():
 
 
 def test_every_proof_names_a_test_that_builds_its_families(model_pages: ModuleType):
+    """(Which families a test parametrized over ``arch`` runs, the generator asks pytest; a
+    failing or empty collection fails the generator, so the staleness test above.)"""
     from vllm_tt_platform.host.tiny import ARCHITECTURES
 
     assert {p.feature for p in model_pages.PROOFS} <= set(model_pages.FEATURES)
@@ -56,19 +58,19 @@ def test_every_proof_names_a_test_that_builds_its_families(model_pages: ModuleTy
         source = (ROOT / proof.path).read_text()
         assert re.search(rf"^(async )?def {proof.function}\(", source, re.M), proof.test
         if proof.archs == model_pages.ARCH_PARAM:
-            assert set(model_pages.collected_archs(proof.test)) <= set(ARCHITECTURES), proof.test
+            assert f'parametrize("{model_pages.ARCH_PARAM}"' in source, proof.test
         else:
             for arch in proof.archs:
                 assert arch in ARCHITECTURES and f'"{arch}"' in source, (proof.test, arch)
 
 
-def test_a_proof_marks_only_the_families_it_builds(model_pages: ModuleType):
-    from vllm_tt_models_registry.names import tt_arch_name
-    from vllm_tt_platform.host.tiny import ARCHITECTURES
-
-    for key, hf_arch in ARCHITECTURES.items():
-        for proof in model_pages.proofs_for(tt_arch_name(hf_arch)):
-            assert key in model_pages.proof_archs(proof)
+def test_a_proof_marks_the_families_its_test_builds(model_pages: ModuleType, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(model_pages, "collected_archs", lambda test: ("qwen2",))  # pytest's answer, stood in
+    parametrized = {p for p in model_pages.PROOFS if p.archs == model_pages.ARCH_PARAM}
+    named_qwen2 = {p for p in model_pages.PROOFS if "qwen2" in p.archs and p.archs != model_pages.ARCH_PARAM}
+    assert parametrized and set(model_pages.proofs_for("TTQwen2ForCausalLM")) == parametrized | named_qwen2
+    llama = model_pages.proofs_for("TTLlamaForCausalLM")
+    assert llama and all("llama" in p.archs and p.archs != model_pages.ARCH_PARAM for p in llama)
     assert model_pages.proofs_for("TTNoSuchForCausalLM") == []
 
 
