@@ -90,12 +90,13 @@ class Driver(TraceDriver):
 
     def __init__(self, shape: Shape, trace: list[Arrival]) -> None:
         from vllm_tt_scheduler import TTLaneCoordinator, TTScheduler
+        from vllm_tt_scheduler.lanes.shape import LaneShape
         from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
         tt: dict[str, object] = {}
         cls: Any = TTScheduler
         if shape.lanes > 1:
-            tt = {"_lanes": shape.lanes, "_rows_per_lane": shape.rows}
+            LaneShape(shape.lanes, shape.rows).record(tt)
             cls = TTLaneCoordinator
         config = SimConfig(
             max_num_seqs=shape.lanes * shape.rows, max_num_batched_tokens=shape.max_num_batched_tokens,

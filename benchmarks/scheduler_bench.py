@@ -94,7 +94,7 @@ class RunResult:
 def simulated_engine(run: Run, spec: TraceSpec) -> Any:
     """The simulated engine (``vllm_tt_testing.scheduler_sim.Engine``) ``run`` asks for."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm_tt_scheduler import TTScheduler
+    from vllm_tt_scheduler import TTScheduler, record_prefill_trace_lens
     from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
     engine = ENGINES[run.engine]
@@ -104,7 +104,7 @@ def simulated_engine(run: Run, spec: TraceSpec) -> Any:
     if run.prefill_hold is not None:
         tt["prefill_hold"] = run.prefill_hold
     if engine.prefill_trace_max is not None:
-        tt["_prefill_trace_lens"] = [engine.prefill_trace_max]
+        record_prefill_trace_lens(tt, [engine.prefill_trace_max])
     config = SimConfig(
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
