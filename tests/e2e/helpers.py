@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -24,16 +26,24 @@ def vllm_command(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "vllm"), *args]
 
 
+@dataclass(frozen=True)
+class Server:
+    process: subprocess.Popen[bytes]
+    """``vllm serve`` itself: the leader of a process group holding the whole server tree."""
+    url: str
+
+
 @contextlib.contextmanager
-def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
-          log: Path | None = None) -> Iterator[str]:
-    """Run ``vllm serve`` on 127.0.0.1 and yield its base URL once /health answers."""
+def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
+                  log: Path | None = None) -> Iterator[Server]:
+    """Run ``vllm serve`` on 127.0.0.1 in its own process group and yield it once /health
+    answers; afterwards it is stopped and nothing of its tree is left running."""
     port = free_port()
     full_env = {**os.environ, "TT_MESH_BACKEND": "host", **(env or {})}
     log_file = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         vllm_command("serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args),
-        env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+        env=full_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,7 +57,7 @@ def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: f
             if time.monotonic() > deadline:
                 raise TimeoutError(f"vllm serve did not become healthy in {timeout}s")
             time.sleep(1)
-        yield url
+        yield Server(proc, url)
     finally:
         proc.terminate()
         try:
@@ -55,8 +65,32 @@ def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: f
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         if not isinstance(log_file, int):
             log_file.close()
+
+
+@contextlib.contextmanager
+def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
+          log: Path | None = None) -> Iterator[str]:
+    """Run ``vllm serve`` on 127.0.0.1 and yield its base URL once /health answers."""
+    with serve_process(model, *args, env=env, timeout=timeout, log=log) as server:
+        yield server.url
+
+
+def living_group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the processes in group ``pgid`` that still run (zombies have exited; only their
+    parent's ``wait`` is missing)."""
+    members = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
 
 
 def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:

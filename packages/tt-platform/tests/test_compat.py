@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
+import pytest
+from vllm.v1.engine import utils as engine_utils
 from vllm_tt_platform import compat
 
 from tests.tombstone import Tombstone
@@ -77,3 +80,48 @@ def test_libgomp_is_found_in_the_process_maps(tmp_path):
     )
     assert compat.loaded_libgomp_paths(maps) == ["/opt/torch/lib/libgomp-a34b3233.so.1"]
     assert compat.loaded_libgomp_paths(tmp_path / "absent") == []
+
+
+WINDOW_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+
+
+@pytest.fixture
+def no_window_env(monkeypatch):
+    """The cleanup-window variable unset, and unset again after the test."""
+    monkeypatch.setenv(WINDOW_ENV, "0")
+    monkeypatch.delenv(WINDOW_ENV)
+
+
+def test_tombstone_grant_engine_cleanup_window(no_window_env):
+    # Needed while vLLM gives an OOT platform no teardown window of its own after an abort-mode
+    # SIGTERM: asked nothing, the process manager kills the EngineCore at once (0 s).
+    Tombstone("vllm_tt_platform.compat.grant_engine_cleanup_window", DIST).check(
+        needed_here=engine_utils.get_engine_process_shutdown_timeout(0, 0) == 0
+    )
+
+
+def test_abort_mode_gets_a_cleanup_window_where_vllm_can_give_one(no_window_env):
+    granted = compat.grant_engine_cleanup_window(SimpleNamespace(shutdown_timeout=0))
+    assert granted is compat.VLLM_GRANTS_CLEANUP_WINDOW_ON_REQUEST
+    expected = compat.ENGINE_CLEANUP_WINDOW_S if granted else 0
+    assert engine_utils.get_engine_process_shutdown_timeout(0, 0) == expected
+
+
+def test_a_cleanup_window_the_user_set_is_kept(monkeypatch):
+    monkeypatch.setenv(WINDOW_ENV, "17")
+    compat.grant_engine_cleanup_window(SimpleNamespace(shutdown_timeout=0))
+    assert os.environ[WINDOW_ENV] == "17"
+
+
+def test_drain_mode_needs_no_window(no_window_env):
+    assert compat.grant_engine_cleanup_window(SimpleNamespace(shutdown_timeout=30)) is False
+    assert WINDOW_ENV not in os.environ
+
+
+def test_without_the_vllm_knob_the_limitation_is_announced(monkeypatch, no_window_env):
+    monkeypatch.setattr(compat, "VLLM_GRANTS_CLEANUP_WINDOW_ON_REQUEST", False)
+    warnings: list[str] = []
+    monkeypatch.setattr(compat.logger, "warning_once", lambda msg, *a, **k: warnings.append(msg % a))
+    assert compat.grant_engine_cleanup_window(SimpleNamespace(shutdown_timeout=0)) is False
+    assert WINDOW_ENV not in os.environ
+    assert len(warnings) == 1 and "--shutdown-timeout N" in warnings[0]

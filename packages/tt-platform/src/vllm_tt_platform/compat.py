@@ -12,8 +12,16 @@ import ctypes
 import inspect
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from vllm.logger import init_logger
 from vllm.utils import system_utils
+from vllm.v1.engine import utils as engine_utils
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger("vllm." + __name__)
 
 _OMP_PAUSE_HARD = 2
 """``omp_pause_resource_t`` value that joins every OpenMP worker thread (OpenMP 5.0)."""
@@ -56,4 +64,39 @@ def release_openmp_before_fork() -> bool:
     if not _registered:
         os.register_at_fork(before=pause_openmp)
         _registered = True
+    return True
+
+
+ENGINE_CLEANUP_WINDOW_S = 5
+"""How long the EngineCore may take, after an immediate abort (``--shutdown-timeout 0``), to
+send the aborted requests back and close the mesh before vLLM kills it (vLLM's own default for
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``). The answers leave at once; the rest is teardown."""
+
+_CLEANUP_WINDOW_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+
+VLLM_GRANTS_CLEANUP_WINDOW_ON_REQUEST = _CLEANUP_WINDOW_ENV in inspect.getsource(
+    engine_utils.get_engine_process_shutdown_timeout
+)
+"""vLLM 0.33+ gives the EngineCore a cleanup window after an abort-mode SIGTERM when
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` is set (ROCm alone gets one unasked). Without a window
+the process manager SIGKILLs the core right after its SIGTERM: the aborted requests are never
+sent back, the API server waits on them for as long as the clients keep their connections,
+and the mesh is not closed."""
+
+
+def grant_engine_cleanup_window(vllm_config: VllmConfig) -> bool:
+    """With ``--shutdown-timeout 0``, ask vLLM for ``ENGINE_CLEANUP_WINDOW_S`` of EngineCore
+    teardown after SIGTERM (a ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` the user set is kept);
+    returns whether a window was asked for. A drain timeout already is the core's window."""
+    if vllm_config.shutdown_timeout != 0:
+        return False
+    if not VLLM_GRANTS_CLEANUP_WINDOW_ON_REQUEST:
+        logger.warning_once(
+            "This vLLM kills the TT EngineCore as soon as it sends it SIGTERM when "
+            "--shutdown-timeout is 0: requests in flight at SIGTERM/SIGINT are never answered "
+            "(the API server waits on them) and the mesh is not closed. Fix: pass "
+            "--shutdown-timeout N (drain for up to N seconds), or use vLLM >= 0.33."
+        )
+        return False
+    os.environ.setdefault(_CLEANUP_WINDOW_ENV, str(ENGINE_CLEANUP_WINDOW_S))
     return True

@@ -71,11 +71,12 @@ class TTPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_tt_platform.compat import release_openmp_before_fork
+        from vllm_tt_platform.compat import grant_engine_cleanup_window, release_openmp_before_fork
         from vllm_tt_platform.config.setup import configure
 
         release_openmp_before_fork()
         configure(vllm_config)
+        grant_engine_cleanup_window(vllm_config)
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
