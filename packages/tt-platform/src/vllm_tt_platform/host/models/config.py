@@ -131,6 +131,29 @@ def _positive_int(hf_config: Any, name: str, model: str) -> int:
     return value
 
 
+LAYER_TYPES: tuple[str, ...] = ("sliding_attention", "full_attention")
+"""The ``layer_types`` entries hybrid-KV families (Gemma 3, GPT-OSS) serve."""
+
+
+def layer_windows(hf_config: Any, model: str, layers: int) -> tuple[int | None, ...]:
+    """The sliding window of each of the first ``layers`` layers (None = full attention), from
+    ``layer_types`` and ``sliding_window``."""
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    if len(types) < layers or any(t not in LAYER_TYPES for t in types):
+        raise TTConfigError(
+            f"{model}: layer_types", types, f"{layers} entries, each one of {', '.join(LAYER_TYPES)}",
+            "load the config with transformers >= 5 (it fills layer_types in)",
+        )
+    window = getattr(hf_config, "sliding_window", None)
+    if "sliding_attention" in types[:layers] and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise TTConfigError(
+            f"{model}: sliding_window", window, "a positive int", "check the checkpoint's config.json"
+        )
+    return tuple(window if t == "sliding_attention" else None for t in types[:layers])
+
+
 def _reject_sliding_window(hf_config: Any, model: str) -> None:
     """Host attention is full attention; a window would make it silently wrong past the window."""
     window = getattr(hf_config, "sliding_window", None)

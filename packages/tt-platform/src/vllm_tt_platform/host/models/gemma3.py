@@ -28,11 +28,16 @@ from vllm_tt_platform.host.models.checkpoint import (
     _SafetensorsFolder,
     load_decoder_weights,
 )
-from vllm_tt_platform.host.models.config import DecoderConfig, RopeConfig, _model_name, _positive_int
+from vllm_tt_platform.host.models.config import (
+    LAYER_TYPES,
+    DecoderConfig,
+    RopeConfig,
+    _model_name,
+    _positive_int,
+    layer_windows,
+)
 from vllm_tt_platform.host.models.decoder import HostDecoder, _rms_norm
 from vllm_tt_platform.host.models.hybrid_kv import HybridKVCausalLM
-
-LAYER_TYPES: tuple[str, ...] = ("sliding_attention", "full_attention")
 
 GEMMA3_ROPE_TYPES: tuple[str, ...] = ("default", "linear")
 
@@ -80,7 +85,7 @@ class Gemma3Config(DecoderConfig):
             if not 0 < n_layers <= layers:
                 raise TTConfigError("n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model")
             layers = n_layers
-        windows = _layer_windows(hf_config, model, layers)
+        windows = layer_windows(hf_config, model, layers)
         head_dim = _positive_int(hf_config, "head_dim", model)
         if head_dim % 2:
             raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
@@ -108,21 +113,6 @@ class Gemma3Config(DecoderConfig):
             query_pre_attn_scalar=float(getattr(hf_config, "query_pre_attn_scalar", 256)),
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", model),
         )
-
-
-def _layer_windows(hf_config: Any, model: str, layers: int) -> tuple[int | None, ...]:
-    types = list(getattr(hf_config, "layer_types", None) or [])
-    if len(types) < layers or any(t not in LAYER_TYPES for t in types):
-        raise TTConfigError(
-            f"{model}: layer_types", types, f"{layers} entries, each one of {', '.join(LAYER_TYPES)}",
-            "load the config with transformers >= 5 (it fills layer_types in)",
-        )
-    window = getattr(hf_config, "sliding_window", None)
-    if "sliding_attention" in types[:layers] and (
-        isinstance(window, bool) or not isinstance(window, int) or window < 1
-    ):
-        raise TTConfigError(f"{model}: sliding_window", window, "a positive int", "check the checkpoint's config.json")
-    return tuple(window if t == "sliding_attention" else None for t in types[:layers])
 
 
 def _ropes(hf_config: Any, model: str) -> tuple[RopeConfig, RopeConfig]:

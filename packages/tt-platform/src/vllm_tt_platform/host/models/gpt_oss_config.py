@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
-from vllm_tt_platform.host.models.config import DecoderConfig, RopeConfig, _model_name, _positive_int
+from vllm_tt_platform.host.models.config import (
+    DecoderConfig,
+    RopeConfig,
+    _model_name,
+    _positive_int,
+    layer_windows,
+)
 from vllm_tt_platform.host.models.moe import MoeConfig
 from vllm_tt_platform.host.models.yarn import YarnScaling
 
-LAYER_TYPES: tuple[str, ...] = ("sliding_attention", "full_attention")
 ROPE_TYPES: tuple[str, ...] = ("default", "yarn")
 
 
@@ -46,13 +51,13 @@ class GptOssConfig(DecoderConfig):
                 "check the checkpoint's config.json",
             )
         layers = _positive_int(hf_config, "num_hidden_layers", model)
-        windows = _layer_windows(hf_config, model, layers)
         if n_layers is not None:
             if not 0 < n_layers <= layers:
                 raise TTConfigError(
                     "n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model"
                 )
-            layers, windows = n_layers, windows[:n_layers]
+            layers = n_layers
+        windows = layer_windows(hf_config, model, layers)
         experts = _positive_int(hf_config, "num_local_experts", model)
         top_k = _positive_int(hf_config, "num_experts_per_tok", model)
         if top_k > experts:
@@ -92,19 +97,6 @@ class GptOssConfig(DecoderConfig):
             ),
             yarn=yarn,
         )
-
-
-def _layer_windows(hf_config: Any, model: str, layers: int) -> tuple[int | None, ...]:
-    types = list(getattr(hf_config, "layer_types", None) or [])
-    if len(types) != layers or any(t not in LAYER_TYPES for t in types):
-        raise TTConfigError(
-            f"{model}: layer_types", types, f"{layers} entries, each one of {', '.join(LAYER_TYPES)}",
-            "check the checkpoint's config.json",
-        )
-    if "sliding_attention" not in types:
-        return tuple(None for _ in types)
-    window = _positive_int(hf_config, "sliding_window", model)
-    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _rope(hf_config: Any, model: str, max_positions: int) -> tuple[RopeConfig, YarnScaling | None]:
