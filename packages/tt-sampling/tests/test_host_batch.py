@@ -10,7 +10,8 @@ import pytest
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm_tt_sampling.host import HostSamplingBatch, prompt_logprobs
+from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_sampling.host.logprobs import gather_logprobs
 
 VOCAB = 64
 EOS = 2
@@ -288,11 +289,11 @@ def test_logprob_token_ids_are_gathered():
     torch.testing.assert_close(lp.logprobs[0, 1:], logits.log_softmax(-1)[0, [3, 5]])
 
 
-def test_prompt_logprobs_equal_log_softmax():
+def test_gathered_logprobs_hold_the_token_then_the_top_n_with_ranks():
     logits = torch.randn(5, VOCAB)
     targets = torch.tensor([3, 1, 4, 1, 5])
-    lp = prompt_logprobs(logits, targets, 2)
     expected = logits.log_softmax(-1)
+    lp = gather_logprobs(expected, 2, targets)
     assert lp.logprob_token_ids.shape == (5, 3)
     assert lp.logprob_token_ids[:, 0].tolist() == targets.tolist()
     torch.testing.assert_close(lp.logprobs[:, 0], expected[torch.arange(5), targets])

@@ -26,23 +26,3 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
         selected_token_ranks=token_ranks(logprobs, picked),
     )
 
-
-def prompt_logprobs(
-    logits: torch.Tensor, target_token_ids: torch.Tensor, num_logprobs: int
-) -> LogprobsTensors:
-    """Prompt logprobs from prefill logits: row t scores ``target_token_ids[t]`` (the prompt
-    token after position t). ``num_logprobs`` -1 means the whole vocabulary."""
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [tokens, vocab], got shape {tuple(logits.shape)}.")
-    targets = torch.as_tensor(target_token_ids).reshape(-1)
-    if targets.numel() != logits.shape[0]:
-        raise ValueError(
-            f"target_token_ids has {targets.numel()} entries but logits has {logits.shape[0]} rows."
-        )
-    vocab_size = logits.shape[1]
-    if num_logprobs == -1:
-        num_logprobs = vocab_size
-    if not 0 <= num_logprobs <= vocab_size:
-        raise ValueError(f"num_logprobs={num_logprobs} must be -1 or in [0, {vocab_size}].")
-    logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
-    return gather_logprobs(logprobs, num_logprobs, targets)
