@@ -6,4 +6,6 @@ No wheel ships it (it lives outside ``packages/``): pytest puts ``testing/`` on 
 - ``scheduler_sim``: drive any vLLM scheduler without a model (a fake runner that checks each
   step, an engine-core loop, step tables).
 - ``faults``: fault injectors for the platform's overlapped-decode hooks.
+- ``scheduler_outputs``: hand-built vLLM scheduler outputs, to drive a model runner step by step.
+- ``kv_planning``: vLLM's own KV cache planning for one worker (a runner's ``KVCacheConfig``).
 """

@@ -13,6 +13,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm_tt_models_registry.contract import TTModel, TTModelExtras
 from vllm_tt_sampling.decision import (
     NO_DEVICE_LOGPROBS,
     DeviceSamplingCaps,
@@ -28,14 +29,12 @@ from vllm_tt_sampling.wire import to_device_params
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
-from vllm_tt_platform.runner import model_output
-
-from vllm_tt_platform.runner import sampling_output
+from vllm_tt_platform.config.setup import TTSetup
+from vllm_tt_platform.runner import model_output, sampling_output
 from vllm_tt_platform.runner.async_decode import InFlightStep, SteadySampling, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
 from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
-from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
 
 logger = init_logger("vllm." + __name__)
@@ -50,6 +49,10 @@ class _PendingStep:
     decision: SamplingDecision
     output: model_output.ModelOutput | InFlightStep
     """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``)."""
+
+
+def _not_run(call: str, what: str) -> RuntimeError:
+    return RuntimeError(f"TTModelRunner.{call}() has not run: there is no {what} yet")
 
 
 class TTModelRunner:
@@ -83,9 +86,15 @@ class TTModelRunner:
         self._sampling_step = 0
         self._sampling_summarised = False
         self.custom_logits_processors = bool(self.model_config.logits_processors)
-        self.model: Any = None
-        self.kv_cache: Any = None
+        self.vocab_size = self.model_config.get_vocab_size()
+        self.prompt_logprobs = sampling_output.PromptLogprobs(self.vocab_size, self.model_config.logprobs_mode)
+        # Set by load_model() and initialize_kv_cache(); read through the properties below.
+        self._model_cls: type[TTModel] | None = None
+        self._model: TTModel | None = None
         self._host_sampler: HostSamplingBatch | None = None
+        self._num_blocks: int | None = None
+        self._kv_cache: Any = None
+        """Opaque to the runner: whatever the model's ``allocate_kv_cache`` returned."""
         self._pending: _PendingStep | None = None
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
@@ -97,9 +106,10 @@ class TTModelRunner:
 
     # -- setup -------------------------------------------------------------------------------
     def load_model(self) -> None:
-        model_cls: Any = self.setup.model.load_class()
-        self.model_cls = model_cls
-        self.model = model_cls.initialize_vllm_model(
+        # load_class() checked the class against the contract (the registry's check_model_class).
+        model_cls = cast("type[TTModel]", self.setup.model.load_class())
+        self._model_cls = model_cls
+        self._model = model_cls.initialize_vllm_model(
             self.model_config.hf_config,
             self.mesh_device,
             self.topology.decode_rows,
@@ -107,18 +117,44 @@ class TTModelRunner:
             tt_data_parallel=self.topology.lanes,
             optimizations=self.setup.config.optimizations,
         )
-        self.vocab_size = self.model_config.get_vocab_size()
         # Counter stream: a seeded request draws the same tokens on either sampling path.
         self._host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config,
                                                seed_stream=SeedStream.COUNTER)
-        self.prompt_logprobs = sampling_output.PromptLogprobs(self.vocab_size, self.model_config.logprobs_mode)
+
+    @property
+    def model_cls(self) -> type[TTModel]:
+        """The contract class serving the model, resolved by ``load_model``."""
+        if self._model_cls is None:
+            raise _not_run("load_model", "model class")
+        return self._model_cls
+
+    @property
+    def model(self) -> TTModel:
+        """The model instance, built by ``load_model``."""
+        if self._model is None:
+            raise _not_run("load_model", "model")
+        return self._model
 
     @property
     def host_sampler(self) -> HostSamplingBatch:
         """vLLM's sampler over the batch's slots, created by ``load_model``."""
         if self._host_sampler is None:
-            raise RuntimeError("TTModelRunner.load_model() has not run: there is no host sampler yet")
+            raise _not_run("load_model", "host sampler")
         return self._host_sampler
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks per lane, fixed by ``initialize_kv_cache``."""
+        if self._num_blocks is None:
+            raise _not_run("initialize_kv_cache", "KV cache")
+        return self._num_blocks
+
+    @property
+    def kv_cache(self) -> Any:
+        """The model's KV cache, allocated by ``initialize_kv_cache``."""
+        if self._num_blocks is None:
+            raise _not_run("initialize_kv_cache", "KV cache")
+        return self._kv_cache
 
     @property
     def num_layers(self) -> int:
@@ -159,33 +195,35 @@ class TTModelRunner:
         return self.kv_blocks_wanted() * page * self.num_layers
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        self.num_blocks = kv_cache_config.num_blocks
+        self._num_blocks = kv_cache_config.num_blocks
         self.table_width = min(self.table_width, self.num_blocks)
         heads = self.hf_config.num_key_value_heads
         devices = self.topology.mesh.shape.split(self.topology.lanes).num_devices
         heads_per_device = heads // min(devices, heads)
         shape = (self.num_blocks, heads_per_device, self.block_size, self._head_dim())
-        self.kv_cache = self.model.allocate_kv_cache(shape, self.model_config.dtype, self.num_layers)
+        self._kv_cache = self.model.allocate_kv_cache(shape, self.model_config.dtype, self.num_layers)
 
     def warm_up(self) -> None:
         """Compile every program, then capture the traces the trace mode asks for."""
         if not self.setup.config.enable_model_warmup:
             return
+        model = self.model
         for name in ("warmup_model_prefill", "warmup_model_decode"):
-            if not hasattr(self.model, name):
+            if not hasattr(model, name):
                 raise TypeError(
-                    f"{type(self.model).__qualname__} has no {name}(); implement it or set "
+                    f"{type(model).__qualname__} has no {name}(); implement it or set "
                     "--additional-config.tt.enable_model_warmup false (with trace_mode none)"
                 )
+        warm = cast(TTModelExtras, model)  # both optional warmup members are present (checked above)
         on_device = self.sampling_mode is not None
         for prefill_trace, decode_trace in ((False, False), (self.prefill_trace, self.decode_trace)):
-            if hasattr(self.model, "already_warmed_up_prefill"):
-                self.model.already_warmed_up_prefill = False
-            self.model.warmup_model_prefill(
+            if hasattr(model, "already_warmed_up_prefill"):  # tt-metal's once-only prefill warmup flag
+                model.already_warmed_up_prefill = False
+            warm.warmup_model_prefill(
                 kv_cache=self.kv_cache, enable_trace=prefill_trace,
                 can_sample_on_device=self.sampling_mode is DeviceSamplingMode.ALL,
             )
-            self.model.warmup_model_decode(
+            warm.warmup_model_decode(
                 kv_cache=self.kv_cache, enable_trace=decode_trace,
                 max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
                 can_sample_on_device=on_device,
@@ -243,6 +281,7 @@ class TTModelRunner:
         )
         self.sampling_stats.record(decision)
         self._sampling_step += 1
+        phase = plan.phase.value
         self.sampling_trace.record(self._sampling_step, phase, decision, [r.state.req_id for r in plan.rows])
         logger.debug("sampling step %d (%s, %d rows): %s (%s)", self._sampling_step, phase, len(plan.rows),
                      decision.path.value, decision.reason)
@@ -350,9 +389,5 @@ class TTModelRunner:
             logger.info("TT sampling decisions (batches): %s", self.sampling_stats.summary())
             self._sampling_summarised = True
         self.sampling_trace.close()
-
-    def describe(self) -> dict[str, Any]:
-        return {"kv_blocks_per_lane": getattr(self, "num_blocks", None),
-                "decode_rows": self.topology.decode_rows, "table_width": self.table_width}
 
 

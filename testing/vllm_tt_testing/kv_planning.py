@@ -1,0 +1,34 @@
+"""vLLM's own KV cache planning, as the engine core runs it for one worker: the
+``KVCacheConfig`` a runner's ``initialize_kv_cache`` receives, without starting an engine."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+TT_KV_CACHE_LAYOUTS = ["LBHNC"]
+"""What ``TTWorker.get_supported_kv_cache_layouts`` reports."""
+
+
+def plan_kv_cache(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], num_blocks: int) -> KVCacheConfig:
+    """vLLM's plan of ``spec`` over exactly ``num_blocks`` blocks per worker (through
+    ``num_gpu_blocks_override``, which is restored afterwards)."""
+    cache_config = vllm_config.cache_config
+    override = cache_config.num_gpu_blocks_override
+    cache_config.num_gpu_blocks_override = num_blocks
+    available = num_blocks * sum(s.page_size_bytes for s in spec.values())
+    try:
+        if importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is not None:  # vLLM 0.33+
+            from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+            from vllm.v1.core import kv_cache_planning as planning
+
+            resolve_kv_cache_layout(vllm_config, [TT_KV_CACHE_LAYOUTS], list(spec.values()))
+            groups = planning.get_global_kv_cache_groups(vllm_config, [spec])
+            return planning.get_kv_cache_configs(vllm_config, [spec], [available], groups)[0]
+        from vllm.v1.core import kv_cache_utils as utils  # vLLM 0.31 / 0.32
+
+        return utils.get_kv_cache_configs(vllm_config, [spec], [available])[0]
+    finally:
+        cache_config.num_gpu_blocks_override = override
