@@ -6,7 +6,7 @@ trace (``trace``). ``shape`` is the lane contract with the platform: the ``tt`` 
 records (``LaneShape``) and the lane numbering of block ids (``BlockNumbering``).
 
 Imports: vLLM and this package's phase-scheduler modules (``scheduler``, ``phase``, ``policy``,
-``carry``, ``compat``, ``trace``, ``envs``); nothing outside ``lanes`` imports these modules but
-the package root's lazy ``TTLaneCoordinator``. ``shape`` (and this ``__init__``) import no vLLM, so
-the platform can read them at config time.
+``carry``, ``compat``, ``trace``, ``envs``); never the other way: the phase scheduler knows nothing
+of lanes, and only the package root's lazy ``TTLaneCoordinator`` reaches in. ``shape`` (and this
+``__init__``) import nothing at all, so the platform imports ``shape`` at config time.
 """
