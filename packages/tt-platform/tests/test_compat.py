@@ -125,3 +125,32 @@ def test_without_the_vllm_knob_the_limitation_is_announced(monkeypatch, no_windo
     assert compat.grant_engine_cleanup_window(SimpleNamespace(shutdown_timeout=0)) is False
     assert WINDOW_ENV not in os.environ
     assert len(warnings) == 1 and "--shutdown-timeout N" in warnings[0]
+
+
+def test_tombstone_kv_cache_groups():
+    # vLLM 0.31 / 0.32 group KV cache specs in kv_cache_utils; 0.33 moved it to kv_cache_planning.
+    Tombstone("vllm_tt_platform.compat.HAS_KV_CACHE_PLANNING", DIST,
+              needed_through="0.32").check(needed_here=not compat.HAS_KV_CACHE_PLANNING)
+
+
+def test_kv_cache_groups_are_vllms_grouping_of_a_copy():
+    import torch
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
+
+    common = {"block_size": 16, "num_kv_heads": 2, "head_size": 16, "dtype": torch.float32}
+    spec = {f"model.layers.{i}.self_attn": SlidingWindowSpec(**common, sliding_window=20) if i % 2 == 0
+            else FullAttentionSpec(**common) for i in range(4)}
+    vllm_config = build_vllm_config(SimConfig())
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True  # vLLM then rewrites the specs
+    resolve_kv_cache_layout(vllm_config, [["LBHNC"]], list(spec.values()))
+    given = dict(spec)
+    (group,) = compat.kv_cache_groups(vllm_config, spec)
+    assert len(group.layer_names) == 4 and spec == given
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    groups = compat.kv_cache_groups(vllm_config, spec)
+    assert [(type(g.kv_cache_spec).__name__, g.layer_names) for g in groups] == [
+        ("SlidingWindowSpec", ["model.layers.0.self_attn", "model.layers.2.self_attn"]),
+        ("FullAttentionSpec", ["model.layers.1.self_attn", "model.layers.3.self_attn"]),
+    ]

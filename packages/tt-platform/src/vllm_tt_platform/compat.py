@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
+import importlib.util
 import inspect
 import os
 from pathlib import Path
@@ -20,6 +22,7 @@ from vllm.v1.engine import utils as engine_utils
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
 
 logger = init_logger("vllm." + __name__)
 
@@ -65,6 +68,18 @@ def release_openmp_before_fork() -> bool:
         os.register_at_fork(before=pause_openmp)
         _registered = True
     return True
+
+
+HAS_KV_CACHE_PLANNING = importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is not None
+"""vLLM 0.33 moved KV cache grouping from ``vllm.v1.core.kv_cache_utils`` to
+``vllm.v1.core.kv_cache_planning`` (same ``get_kv_cache_groups(vllm_config, kv_cache_spec)``)."""
+
+
+def kv_cache_groups(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    """The KV cache groups vLLM's engine core will build from ``spec`` (on a copy: vLLM may
+    rewrite the specs it is given)."""
+    module = "vllm.v1.core.kv_cache_planning" if HAS_KV_CACHE_PLANNING else "vllm.v1.core.kv_cache_utils"
+    return importlib.import_module(module).get_kv_cache_groups(vllm_config, dict(spec))
 
 
 ENGINE_CLEANUP_WINDOW_S = 5

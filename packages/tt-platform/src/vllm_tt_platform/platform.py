@@ -56,7 +56,9 @@ class TTPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        """vLLM's hybrid KV cache manager (one block table per attention kind) serves models
+        whose class declares ``get_kv_cache_spec``; others give one uniform spec, one group."""
+        return True
 
     @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:

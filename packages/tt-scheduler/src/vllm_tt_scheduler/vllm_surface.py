@@ -74,7 +74,8 @@ VLLM_SURFACE: tuple[Touch, ...] = (
     Touch(
         "vllm.v1.request:Request",
         reads=("request_id", "status", "is_prefill_chunk", "num_tokens", "num_computed_tokens",
-               "structured_output_request", "num_stale_output_tokens", "drop_stale_output"),
+               "num_prompt_tokens", "structured_output_request", "num_stale_output_tokens",
+               "drop_stale_output"),
     ),
     Touch(
         "vllm.v1.request:RequestStatus",
@@ -83,13 +84,17 @@ VLLM_SURFACE: tuple[Touch, ...] = (
     ),
     Touch("vllm.v1.core.sched.interface:PauseState", reads=("UNPAUSED", "PAUSED_NEW")),
     Touch("vllm.v1.structured_output.request:StructuredOutputRequest", reads=("grammar",)),
-    Touch("vllm.v1.core.kv_cache_manager:KVCacheManager", reads=("block_pool", "watermark_blocks")),
+    Touch("vllm.v1.core.kv_cache_manager:KVCacheManager",
+          reads=("block_pool", "watermark_blocks", "coordinator", "empty_kv_cache_blocks")),
+    Touch("vllm.v1.core.kv_cache_manager:KVCacheBlocks", reads=("blocks",)),
+    # KVFit counts a waiting request's blocks the way allocate_slots does
+    Touch("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator", reads=("get_num_blocks_to_allocate",)),
     Touch("vllm.v1.core.block_pool:BlockPool", reads=("get_num_free_blocks", "num_gpu_blocks")),
     Touch("vllm.v1.core.encoder_cache_manager:EncoderCacheManager", reads=("freed",)),
     Touch("vllm.v1.kv_cache_interface:KVCacheConfig", reads=("kv_cache_groups", "num_blocks")),
     Touch("vllm.v1.kv_cache_interface:KVCacheGroupSpec", reads=("kv_cache_spec",)),
-    Touch("vllm.v1.kv_cache_interface:FullAttentionSpec",
-          reads=("block_size", "sliding_window", "attention_chunk_size")),
+    Touch("vllm.v1.kv_cache_interface:FullAttentionSpec", reads=("attention_chunk_size",)),
+    Touch("vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs", reads=("kv_cache_specs",)),
     Touch(
         "vllm.v1.core.sched.output:SchedulerOutput",
         reads=("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",

@@ -7,7 +7,7 @@ or is preempted; lane ``i`` owns slots ``[i*rows, (i+1)*rows)``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,12 +21,19 @@ class RequestState:
     slot: int
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    blocks: list[list[int]]
+    """One block-id list per KV cache group (vLLM's order); position ``j`` of a list holds the
+    request's tokens ``[j * block_size, (j + 1) * block_size)`` in that group."""
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     """Live list: appended by the runner after each sampled token (the host sampler reads it
     for penalties and min_tokens)."""
     generator: torch.Generator | None = None
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The first KV cache group's blocks (``page_table``'s rows)."""
+        return self.blocks[0]
 
     @property
     def num_tokens(self) -> int:
@@ -84,7 +91,7 @@ class PersistentBatch:
             self._free[self.lane_of_slot(state.slot)].append(state.slot)
         return state
 
-    def add(self, req_id: str, prompt: list[int], params: SamplingParams, block_ids: list[int],
+    def add(self, req_id: str, prompt: list[int], params: SamplingParams, blocks: Sequence[list[int]],
             num_computed_tokens: int, lane: int) -> RequestState:
         self._lane_of[req_id] = lane
         slot = self._take_slot(req_id, lane)
@@ -92,8 +99,8 @@ class PersistentBatch:
         if params.seed is not None:
             generator = torch.Generator(device="cpu")
             generator.manual_seed(params.seed)
-        state = RequestState(req_id, slot, list(prompt), params, list(block_ids), num_computed_tokens,
-                             generator=generator)
+        state = RequestState(req_id, slot, list(prompt), params, [list(group) for group in blocks],
+                             num_computed_tokens, generator=generator)
         self.requests[req_id] = state
         return state
 
@@ -126,7 +133,7 @@ class PersistentBatch:
             params = new.sampling_params
             if params is None or new.prompt_token_ids is None:
                 raise ValueError(f"request {new.req_id!r} has no sampling params or prompt token ids")
-            added.append(self.add(new.req_id, new.prompt_token_ids, params, new.block_ids[0],
+            added.append(self.add(new.req_id, new.prompt_token_ids, params, new.block_ids,
                                   new.num_computed_tokens, lane))
         resumed: list[RequestState] = []
         cached = out.scheduled_cached_reqs
@@ -135,12 +142,16 @@ class PersistentBatch:
                 state = self._resume(req_id, cached.all_token_ids.get(req_id))
                 resumed.append(state)
                 new_blocks = cached.new_block_ids[i]
-                state.block_ids = list(new_blocks[0]) if new_blocks is not None else []
+                if new_blocks is not None:
+                    state.blocks = [list(group) for group in new_blocks]
+                else:
+                    state.blocks = [[] for _ in state.blocks]
             else:
                 state = self.requests[req_id]
                 new_blocks = cached.new_block_ids[i]
                 if new_blocks is not None:
-                    state.block_ids.extend(new_blocks[0])
+                    for held, added_ids in zip(state.blocks, new_blocks, strict=True):
+                        held.extend(added_ids)
             state.num_computed_tokens = cached.num_computed_tokens[i]
         return added, resumed, removed
 

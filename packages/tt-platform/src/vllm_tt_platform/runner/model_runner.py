@@ -3,7 +3,6 @@ contract, and model results into ``ModelRunnerOutput``."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -11,7 +10,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
 from vllm_tt_sampling.decision import (
@@ -33,15 +32,13 @@ from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.runner import model_output, sampling_output
 from vllm_tt_platform.runner.async_decode import InFlightStep, SteadySampling, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.kv_budget import KVBudget
+from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
 from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
 
 logger = init_logger("vllm." + __name__)
-
-DEFAULT_KV_TOKENS = 131_072
-"""KV pool per lane when a model does not say (tt-metal's fallback)."""
-
 
 @dataclass
 class _PendingStep:
@@ -66,7 +63,8 @@ class TTModelRunner:
         self.max_model_len = self.model_config.max_model_len
         self.topology = setup.topology
         self.batch = PersistentBatch(self.topology.lanes, self.topology.rows_per_lane)
-        self.table_width = math.ceil(self.max_model_len / self.block_size)
+        self.kv = RunnerKV(vllm_config, self.topology)
+        self.table_width = self.kv.table_width(self.max_model_len)
         config = setup.config
         self.prefill_trace = config.trace_mode == "all"
         self.decode_trace = config.trace_mode in ("all", "decode_only")
@@ -160,48 +158,32 @@ class TTModelRunner:
     def num_layers(self) -> int:
         return self.hf_config.num_hidden_layers
 
-    def _head_dim(self) -> int:
-        return getattr(self.hf_config, "head_dim", None) or (
-            self.hf_config.hidden_size // self.hf_config.num_attention_heads
-        )
-
     def kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        spec = FullAttentionSpec(
-            block_size=self.block_size,
-            num_kv_heads=self.hf_config.num_key_value_heads,
-            head_size=self._head_dim(),
-            dtype=cast(torch.dtype, self.model_config.dtype),  # a torch dtype once the config is built
-        )
-        return {f"model.layers.{i}.self_attn": spec for i in range(self.num_layers)}
+        return self.kv.spec(self.model_cls)
+
+    def kv_budget(self) -> KVBudget:
+        """KV blocks per lane, per KV cache group (``RunnerKV.budget``)."""
+        return self.kv.budget(self.model_cls)
 
     def kv_blocks_wanted(self) -> int:
-        """KV blocks per lane: the model's token pool plus one block of headroom per row, and
-        the null block vLLM reserves."""
-        query = getattr(self.model_cls, "get_max_tokens_all_users", None)
-        pool = DEFAULT_KV_TOKENS
-        if query is not None:
-            pool = int(query(
-                model_name=self.model_config.model,
-                num_devices=self.topology.mesh.shape.split(self.topology.lanes).num_devices,
-                tt_data_parallel=self.topology.lanes,
-                max_model_len=self.max_model_len,
-                max_num_seqs=self.topology.rows_per_lane,
-            ))
-        blocks = math.ceil((pool + self.block_size * self.topology.rows_per_lane) / self.block_size)
-        return max(blocks, self.table_width) + 1
+        return self.kv_budget().blocks
 
     def kv_cache_bytes(self) -> int:
-        page = next(iter(self.kv_cache_spec().values())).page_size_bytes
-        return self.kv_blocks_wanted() * page * self.num_layers
+        return self.kv_budget().bytes
+
+    def reserve_kv_blocks(self) -> int:
+        """``determine_available_memory``: fix vLLM's block count to the budget; its bytes."""
+        return self.kv.reserve(self.model_cls)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self._num_blocks = kv_cache_config.num_blocks
-        self.table_width = min(self.table_width, self.num_blocks)
-        heads = self.hf_config.num_key_value_heads
-        devices = self.topology.mesh.shape.split(self.topology.lanes).num_devices
-        heads_per_device = heads // min(devices, heads)
-        shape = (self.num_blocks, heads_per_device, self.block_size, self._head_dim())
-        self._kv_cache = self.model.allocate_kv_cache(shape, self.model_config.dtype, self.num_layers)
+        self.table_width = self.kv.table_width(self.max_model_len, self.num_blocks)
+        self._kv_cache = self.kv.allocate(self.model, self.model_cls, kv_cache_config)
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        """vLLM shortened ``max_model_len`` to fit the KV cache: narrow the block tables."""
+        self.max_model_len = max_model_len
+        self.table_width = self.kv.table_width(max_model_len, self.kv.num_blocks)
 
     def warm_up(self) -> None:
         """Compile every program, then capture the traces the trace mode asks for."""
@@ -288,7 +270,8 @@ class TTModelRunner:
         return decision
 
     def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
-        inputs = PrefillInputs.build(plan.rows, self.table_width, self.num_blocks)
+        inputs = PrefillInputs.build(plan.rows, self.table_width, self.num_blocks, self.kv.layout,
+                                     self.batch.num_slots)
         on_device = decision.path is SamplingPath.DEVICE
         kwargs: dict[str, Any] = {}
         if on_device:
@@ -296,6 +279,8 @@ class TTModelRunner:
         all_logits = not on_device and self.prompt_logprobs.wanted(plan.rows)
         if all_logits:
             kwargs["return_all_logits"] = True
+        if inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
         raw = self.model.prefill_forward(
             tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
             prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
@@ -319,8 +304,10 @@ class TTModelRunner:
             self.batch, device_sampled=on_device, penalties=params is not None and params.has_penalties,
             logprobs=params is not None and any(params.enable_log_probs),
         )
-        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks)
+        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks, self.kv.layout)
         kwargs: dict[str, Any] = self.overlap.decode_kwargs(plan.rows, device_sampled=on_device)
+        if inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
         if params is not None:
             kwargs["sampling_params"] = params
             if params.has_penalties:

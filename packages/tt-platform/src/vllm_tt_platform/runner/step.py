@@ -16,6 +16,7 @@ from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase, step_phase
 
 from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
+from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,30 @@ class StepPlan:
         return cls(phase, rows)
 
 
-def page_table(states: list[RequestState | None], width: int, blocks_per_lane: int) -> torch.Tensor:
+def page_table(states: list[RequestState | None], width: int, blocks_per_lane: int,
+               group: KVGroup | None = None) -> torch.Tensor:
     """int32 ``[rows, width]`` block table of lane-local block ids, zero-padded (padding rows
-    all zeros). With lanes, the scheduler numbers blocks ``lane * blocks_per_lane + local``."""
+    all zeros). With lanes, the scheduler numbers blocks ``lane * blocks_per_lane + local``.
+
+    ``group``: that KV cache group's blocks, with the entries its sliding window has left behind
+    zeroed (vLLM may have freed and reused them); without it, the first group's, every entry."""
     table = torch.zeros((len(states), width), dtype=torch.int32)
     numbering = BlockNumbering(blocks_per_lane)
+    index = 0 if group is None else group.index
     for i, state in enumerate(states):
-        if state is not None and state.block_ids:
-            blocks = torch.tensor(state.block_ids[:width], dtype=torch.int32)
-            table[i, : len(blocks)] = numbering.local(blocks)
+        if state is None or not state.blocks[index]:
+            continue
+        ids = state.blocks[index][:width]
+        live = 0 if group is None else min(group.first_live_block(state.num_computed_tokens), len(ids))
+        table[i, live : len(ids)] = numbering.local(torch.tensor(ids[live:], dtype=torch.int32))
     return table
+
+
+def page_tables_per_layer(states: list[RequestState | None], width: int, blocks_per_lane: int,
+                          layout: KVLayout) -> list[torch.Tensor]:
+    """One table per layer, its KV cache group's (layers of a group share the tensor)."""
+    tables = [page_table(states, width, blocks_per_lane, group) for group in layout.groups]
+    return [tables[layer.group] for layer in layout.layers]
 
 
 @dataclass(frozen=True)
@@ -67,19 +82,30 @@ class PrefillInputs:
     prompt_lens: np.ndarray
     start_pos: np.ndarray
     empty_slots: list[int]
+    page_tables_per_layer: list[torch.Tensor] | None = None
+    """For a model that declared its KV spec: ``[decode_rows, width]`` per layer, rows in call
+    order, then zero rows (the fixed warmup shape, so a captured trace can replay)."""
 
     @classmethod
-    def build(cls, rows: list[ScheduledRow], table_width: int, blocks_per_lane: int) -> PrefillInputs:
+    def build(cls, rows: list[ScheduledRow], table_width: int, blocks_per_lane: int,
+              layout: KVLayout | None = None, decode_rows: int = 0) -> PrefillInputs:
         ends = [r.end for r in rows]
         tokens = torch.zeros((len(rows), max(ends)), dtype=torch.int32)
         for i, r in enumerate(rows):
             tokens[i, : r.end] = torch.tensor(r.state.token_ids(r.end), dtype=torch.int32)
+        states: list[RequestState | None] = [r.state for r in rows]
+        per_layer = None
+        if layout is not None:
+            padded = states + [None] * (decode_rows - len(states))
+            per_layer = page_tables_per_layer(padded, table_width, blocks_per_lane, layout)
         return cls(
             tokens=tokens,
-            page_table=page_table([r.state for r in rows], table_width, blocks_per_lane),
+            page_table=page_table(states, table_width, blocks_per_lane,
+                                  layout.groups[0] if layout is not None else None),
             prompt_lens=np.array(ends, dtype=np.int64),
             start_pos=np.array([r.state.num_computed_tokens for r in rows], dtype=np.int64),
             empty_slots=[r.state.slot for r in rows],
+            page_tables_per_layer=per_layer,
         )
 
 
@@ -88,12 +114,14 @@ class DecodeInputs:
     tokens: torch.Tensor
     start_pos: torch.Tensor
     page_table: torch.Tensor
+    page_tables_per_layer: list[torch.Tensor] | None = None
+    """For a model that declared its KV spec: ``[num_slots, width]`` per layer, by slot."""
 
     @classmethod
     def build(cls, rows: list[ScheduledRow], num_slots: int, table_width: int, blocks_per_lane: int,
-              ) -> DecodeInputs:
+              layout: KVLayout | None = None) -> DecodeInputs:
         """The full fixed batch: every slot is a row; slots without a decode are padding
-        (token 0, position -1, zero block table)."""
+        (token 0, position -1, zero block tables)."""
         tokens = torch.zeros((num_slots, 1), dtype=torch.int32)
         start_pos = torch.full((num_slots,), -1, dtype=torch.int32)
         by_slot: list[RequestState | None] = [None] * num_slots
@@ -102,4 +130,7 @@ class DecodeInputs:
             by_slot[slot] = r.state
             tokens[slot, 0] = r.state.last_token
             start_pos[slot] = r.state.num_computed_tokens
-        return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
+        if layout is None:
+            return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
+        per_layer = page_tables_per_layer(by_slot, table_width, blocks_per_lane, layout)
+        return cls(tokens, start_pos, per_layer[layout.groups[0].layers[0]], per_layer)

@@ -1,0 +1,168 @@
+"""``KVLayout``: the KV cache vLLM planned, as the runner serves it to the model.
+
+vLLM's hybrid KV cache manager keeps one block table per KV cache group (one group per attention
+kind, e.g. full and sliding window) and overlays the groups in one pool: a block id belongs to
+one group at a time, so the i-th layer of every group can live in the same storage. This module
+reads that plan once (``KVLayout.of``) and answers the runner's three questions: which storage
+each layer uses (``per_layer_specs``, tt-metal's ``allocate_kv_cache_per_layer`` argument),
+which group's table each layer reads, and which table entries a sliding-window group may still
+read (``KVGroup.first_live_block``: vLLM frees the blocks a window has left behind and gives them
+to other requests, so the runner zeroes them, i.e. points them at vLLM's null block 0).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+from vllm_tt_platform.errors import TTUnsupportedFeatureError
+
+KVShape = tuple[int, int, int, int]
+"""``(num_blocks, num_kv_heads_per_device, block_size, head_dim)`` of one layer's K (and V)."""
+
+LayerKVSpec = tuple[KVShape, torch.dtype, int]
+"""``(shape, dtype, tensor_idx)``: one entry of ``allocate_kv_cache_per_layer``'s argument."""
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> int:
+    """The decoder layer a KV cache layer name (``model.layers.{i}.self_attn``) belongs to."""
+    match = _LAYER_INDEX.search(name)
+    if match is None:
+        raise TTUnsupportedFeatureError(
+            "get_kv_cache_spec() layer name", name, "names containing 'layers.<index>' "
+            "(model.layers.{i}.self_attn)", "key the model's KV cache spec by decoder layer",
+        )
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group: layers sharing one block table (and so one attention kind)."""
+
+    index: int
+    layers: tuple[int, ...]
+    block_size: int
+    sliding_window: int | None
+    """The window ``W`` of a sliding group (a token attends to itself and ``W - 1`` before it)."""
+    retained_tokens: int = 0
+    """Tokens below a request's first scheduled position its attention still reads (vLLM's
+    ``SlidingWindowSpec.num_retained_tokens``); only meaningful for a sliding group."""
+
+    @property
+    def kind(self) -> Literal["full", "sliding"]:
+        return "full" if self.sliding_window is None else "sliding"
+
+    def first_live_block(self, num_computed_tokens: int) -> int:
+        """Table entries below this one are out of the window of every token from
+        ``num_computed_tokens`` on: vLLM may have freed them (as vLLM's own GPU block table
+        masks them)."""
+        if self.sliding_window is None:
+            return 0
+        return max(num_computed_tokens - self.retained_tokens, 0) // self.block_size
+
+    def describe(self) -> str:
+        kind = "full" if self.sliding_window is None else f"sliding(W={self.sliding_window})"
+        return f"{kind} layers {list(self.layers)}"
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    group: int
+    shape: KVShape
+    dtype: torch.dtype
+    tensor_idx: int
+    """Layers with the same index share storage (vLLM overlays them in one pool)."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    groups: tuple[KVGroup, ...]
+    layers: tuple[LayerKV, ...]
+    """In layer order."""
+
+    @classmethod
+    def of(cls, config: KVCacheConfig, num_layers: int, heads_per_device: Callable[[int], int]) -> KVLayout:
+        """Read vLLM's plan for a model of ``num_layers`` decoder layers; ``heads_per_device``
+        maps a layer's KV head count to one device's share."""
+        groups: list[KVGroup] = []
+        specs: dict[int, tuple[int, AttentionSpec]] = {}
+        for g, group in enumerate(config.kv_cache_groups):
+            indices = []
+            for name in group.layer_names:
+                layer = layer_index(name)
+                specs[layer] = (g, _layer_spec(group.kv_cache_spec, name))
+                indices.append(layer)
+            groups.append(_group(g, tuple(indices), group.kv_cache_spec))
+        missing = sorted(set(range(num_layers)) - set(specs))
+        extra = sorted(set(specs) - set(range(num_layers)))
+        if missing or extra:
+            raise TTUnsupportedFeatureError(
+                "KV cache layers", sorted(specs), f"one KV cache layer per decoder layer 0..{num_layers - 1} "
+                f"(missing {missing}, unknown {extra})", "return one spec per layer from get_kv_cache_spec()",
+            )
+        storage = _storage_of(config)
+        layers = []
+        for layer in range(num_layers):
+            g, spec = specs[layer]
+            shape = (config.num_blocks, heads_per_device(spec.num_kv_heads), groups[g].block_size, spec.head_size)
+            layers.append(LayerKV(g, shape, spec.dtype, storage[layer]))
+        return cls(tuple(groups), tuple(layers))
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer has the same shape and dtype (tt-metal's legacy ``allocate_kv_cache``)."""
+        return len({(layer.shape, layer.dtype) for layer in self.layers}) == 1
+
+    def per_layer_specs(self) -> list[LayerKVSpec]:
+        return [(layer.shape, layer.dtype, layer.tensor_idx) for layer in self.layers]
+
+    def describe(self) -> str:
+        return "; ".join(group.describe() for group in self.groups)
+
+
+def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec:
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        spec = spec.kv_cache_specs[name]
+    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)):
+        raise TTUnsupportedFeatureError(
+            f"KV cache spec of {name}", type(spec).__name__, "FullAttentionSpec or SlidingWindowSpec",
+            "declare full or sliding-window attention in get_kv_cache_spec()",
+        )
+    return spec
+
+
+def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
+    if isinstance(spec, UniformTypeKVCacheSpecs):  # one kind, per-layer shapes: the kind is the group's
+        spec = next(iter(spec.kv_cache_specs.values()))
+    if isinstance(spec, SlidingWindowSpec):
+        return KVGroup(index, layers, spec.block_size, spec.sliding_window,
+                       spec.sliding_window - 1 + spec.extra_retained_tokens)
+    # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every
+    # block: to the runner it is a full group.
+    return KVGroup(index, layers, spec.block_size, None)
+
+
+def _storage_of(config: KVCacheConfig) -> dict[int, int]:
+    """``tensor_idx`` per layer: vLLM places layer ``layers[l]`` of a ``KVCacheTensor`` at
+    ``offset + l * layer_stride`` in one backing allocation, and layers placed at the same
+    byte share storage. Storage slots are numbered by their first layer, in layer order."""
+    start_of: dict[int, int] = {}
+    for tensor in config.kv_cache_tensors:
+        for position, name in enumerate(tensor.layers):
+            start_of[layer_index(name)] = tensor.offset + position * tensor.layer_stride
+    slots: dict[int, int] = {}
+    return {layer: slots.setdefault(start_of[layer], len(slots)) for layer in sorted(start_of)}
