@@ -23,8 +23,6 @@ class DeviceSlots:
         """The slot's token and position were produced on the device."""
         self.fresh = torch.zeros(rows, dtype=torch.bool)
         """Prefilled since the last decode: the host has the slot's token."""
-        self.from_device = 0
-        """Slot inputs taken from device state so far (tests read it)."""
 
     def prefilled(self, slots: list[int]) -> None:
         index = torch.tensor(slots, dtype=torch.long)
@@ -38,7 +36,12 @@ class DeviceSlots:
 
     def inputs(self, tokens: torch.Tensor, positions: torch.Tensor, *, reset: bool,
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tokens and positions a device-sampled decode actually runs with.
+        """The tokens and positions a device-sampled decode actually runs with."""
+        use = self.device_rows(positions, reset=reset)
+        return torch.where(use, self.tokens, tokens.long()), torch.where(use, self.positions, positions.long())
+
+    def device_rows(self, positions: torch.Tensor, *, reset: bool) -> torch.Tensor:
+        """bool ``[rows]``: the slots that continue from device state at host ``positions``.
 
         Without ``reset`` the layout is unchanged, so a continuing slot must sit where the
         device left it; anything else means the runner changed the batch without saying so."""
@@ -52,9 +55,7 @@ class DeviceSlots:
                 f"{int(positions[slot])}, and no reset_batch; send reset_batch=True when the "
                 "decode layout changes"
             )
-        use = continuing & aligned
-        self.from_device += int(use.sum())
-        return torch.where(use, self.tokens, tokens.long()), torch.where(use, self.positions, positions.long())
+        return continuing & aligned
 
     def sampled(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Device sampling wrote ``tokens`` back for the live rows at ``positions``."""
