@@ -207,6 +207,28 @@ def test_trace_and_l1_sizes_are_passed_when_set(monkeypatch: pytest.MonkeyPatch)
     assert calls[1] == opened("[1, 1]", trace=1234, worker_l1_size=1_000_000, l1_small_size=32768)
 
 
+def test_a_data_parallel_ranks_sub_mesh_opens_its_own_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 of 2 dense DP ranks on a T3K opens the second (1,4) sub-mesh, devices 4..7."""
+    host = preset("T3K")
+    calls = open_close(monkeypatch, FakeCluster(devices=8, cluster_type="T3K"), host.sub_mesh(1, 2, "DP rank 1", {}))
+    assert [c for c in calls if c[0] == "open_mesh_device"] == [opened("[1, 4]", physical_device_ids=[4, 5, 6, 7])]
+
+
+def test_a_sub_mesh_takes_its_devices_from_tt_visible_devices() -> None:
+    visible = {"TT_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"}
+    assert preset("T3K").sub_mesh(0, 2, "DP rank 0", visible).device_ids == (7, 6, 5, 4)
+    with pytest.raises(TTConfigError, match="TT_VISIBLE_DEVICES.*8 device ids"):
+        preset("T3K").sub_mesh(0, 2, "DP rank 0", {"TT_VISIBLE_DEVICES": "0,1,2"})
+
+
+def test_device_ids_beyond_the_host_are_refused_before_opening(monkeypatch: pytest.MonkeyPatch) -> None:
+    request = MeshRequest(MESH_PRESETS["N300"], "test", device_ids=(2, 3))
+    rec = recorder(monkeypatch, FakeCluster(devices=2))
+    with pytest.raises(TTConfigError, match="TT_VISIBLE_DEVICES"):
+        TtnnMeshBackend(TTConfig()).open(request)
+    assert [c[0] for c in rec.calls] == ["get_num_devices"]
+
+
 def test_dispatch_core_axis_col_full_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = open_close(monkeypatch, FakeCluster(devices=2, cluster_type="N300"), preset("N300"),
                        with_constructors=True, dispatch_core_axis="col")

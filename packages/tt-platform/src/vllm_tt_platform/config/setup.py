@@ -6,7 +6,9 @@ and engine core), so it is idempotent; ``resolve_setup`` is the pure part the wo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import tempfile
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,14 +18,13 @@ from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_scheduler import record_prefill_trace_lens
 from vllm_tt_scheduler.lanes.shape import LaneShape
 
-from vllm_tt_platform.config import cli_flags
-
-from vllm_tt_platform.config import request_checks
+from vllm_tt_platform.config import cli_flags, data_parallel, request_checks
 from vllm_tt_platform.config.options import TTConfig
-from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.config.startup_checks import check_capabilities, check_environment, check_vllm_features
+from vllm_tt_platform.envs import VLLM_TT_METRICS
+from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
-from vllm_tt_platform.config.startup_checks import check_capabilities, check_environment, check_vllm_features
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -77,41 +78,15 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
 
 
 def _topology(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> Topology:
+    """The mesh this engine opens (its host's, or its rank's share of it) and its lanes."""
+    mesh = mesh_request(environ)
+    rank = data_parallel.host_rank(vllm_config)
+    if rank is not None:
+        mesh = rank.mesh(mesh, environ)
     shape = LaneShape.from_tt_section(tt_section(vllm_config))  # validated: the platform wrote it
     if shape is None:
-        return Topology(mesh_request(environ), 1, vllm_config.scheduler_config.max_num_seqs)
-    return Topology(mesh_request(environ), shape.lanes, shape.rows_per_lane)
-
-
-def fold_data_parallel_into_lanes(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> bool:
-    """``--data-parallel-size N`` on a single-program model becomes N in-process lanes: one
-    engine process, one mesh program per step, ``--max-num-seqs`` rows per lane.
-
-    vLLM's parallel config is collapsed to one process and ``max_num_seqs`` becomes the global
-    row count; the lane shape is recorded in the ``tt`` section so later calls (and the engine
-    process) see the same topology.
-    """
-    tt = tt_section(vllm_config)
-    parallel = vllm_config.parallel_config
-    if LaneShape.recorded(tt) or parallel.data_parallel_size <= 1 or not caps.single_program_lanes:
-        return False
-    lanes = parallel.data_parallel_size
-    mesh = mesh_request()
-    mesh.shape.split(lanes)  # raises when the lanes do not divide the mesh
-    scheduler = vllm_config.scheduler_config
-    shape = LaneShape(lanes, scheduler.max_num_seqs)
-    shape.record(tt)
-    scheduler.max_num_seqs *= lanes
-    scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
-    parallel.data_parallel_size = 1
-    parallel.data_parallel_size_local = 1
-    parallel.data_parallel_rank = 0
-    logger.info(
-        "Data parallelism as in-process lanes: %s declares single_program_lanes; %d lanes x %d rows "
-        "on %s split into %s sub-meshes, one engine process.",
-        arch, lanes, shape.rows_per_lane, mesh.shape, mesh.shape.split(lanes),
-    )
-    return True
+        return Topology(mesh, 1, vllm_config.scheduler_config.max_num_seqs)
+    return Topology(mesh, shape.lanes, shape.rows_per_lane)
 
 
 def register_with_vllm(setup: TTSetup) -> None:
@@ -134,10 +109,11 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
+    enable_tt_metrics()
     setup = resolve_setup(vllm_config)
     register_with_vllm(setup)
-    if fold_data_parallel_into_lanes(vllm_config, setup.capabilities, setup.model.arch):
-        setup = replace(setup, topology=_topology(vllm_config))
+    data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
+    setup = replace(setup, topology=_topology(vllm_config))
     tt = tt_section(vllm_config)
     caps = setup.capabilities
     scheduler = vllm_config.scheduler_config
@@ -173,3 +149,15 @@ def configure(vllm_config: VllmConfig) -> None:
     else:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     scheduler.enable_chunked_prefill = True
+
+
+def enable_tt_metrics(environ: MutableMapping[str, str] | None = None) -> bool:
+    """In the ``vllm serve`` front end, before any engine starts: give the engines an address to
+    send their TT metrics to (``VLLM_TT_METRICS``; every engine and API server process inherits
+    it), unless ``--disable-log-stats``. Offline ``vllm.LLM`` parses no command line: no metrics."""
+    env = os.environ if environ is None else environ
+    if not cli_flags.parsed_command_line() or cli_flags.given_value("disable_log_stats"):
+        return False
+    if not VLLM_TT_METRICS.read(env):
+        env[VLLM_TT_METRICS.name] = f"ipc://{tempfile.gettempdir()}/vllm-tt-metrics-{os.getpid()}"
+    return True

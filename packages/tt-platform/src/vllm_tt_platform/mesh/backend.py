@@ -35,8 +35,8 @@ class HostMeshBackend:
         return 1 << 16
 
     def open(self, request: MeshRequest) -> Any:
-        from vllm_tt_platform.host.device_time import parse_device_time
         from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
+        from vllm_tt_platform.host.device_time import parse_device_time
 
         spec = self.config.host_device_time
         options = HostDeviceOptions(

@@ -10,7 +10,7 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_tt_platform.envs import MESH_DEVICE
+from vllm_tt_platform.envs import MESH_DEVICE, TT_VISIBLE_DEVICES
 from vllm_tt_platform.errors import TTConfigError
 
 
@@ -101,6 +101,26 @@ class MeshRequest:
     """How the shape was chosen, for the startup log (e.g. ``MESH_DEVICE=TG``)."""
     preset: str | None = None
     """The ``MESH_DEVICE`` preset name, when one was used (fabric defaults depend on it)."""
+    device_ids: tuple[int, ...] | None = None
+    """Physical devices to open (``ttnn.open_mesh_device(physical_device_ids=...)``); None: all."""
+
+    def sub_mesh(self, index: int, count: int, who: str,
+                 environ: Mapping[str, str] | None = None) -> MeshRequest:
+        """The ``index``-th of ``count`` equal sub-meshes, with the devices it owns: the
+        ``TT_VISIBLE_DEVICES`` list (else ``0..n-1``) cut into ``count`` consecutive runs."""
+        shape = self.shape.split(count)
+        visible = TT_VISIBLE_DEVICES.read(environ) or tuple(range(self.shape.num_devices))
+        if len(visible) != self.shape.num_devices:
+            raise TTConfigError(
+                "TT_VISIBLE_DEVICES", ",".join(map(str, visible)),
+                f"{self.shape.num_devices} device ids, one per device of the mesh {self.shape} ({self.source})",
+                "list exactly the host's devices the mesh is made of, or unset it",
+            )
+        if not 0 <= index < count:
+            raise TTConfigError("data_parallel_rank_local", index, f"0..{count - 1}", "check --data-parallel-size-local")
+        size = shape.num_devices
+        ids = visible[index * size : (index + 1) * size]
+        return MeshRequest(shape, f"{self.source}, {who}: sub-mesh {shape}, devices {list(ids)}", None, ids)
 
 
 def mesh_request(environ: Mapping[str, str] | None = None) -> MeshRequest:

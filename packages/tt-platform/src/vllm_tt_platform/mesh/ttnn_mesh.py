@@ -36,7 +36,8 @@ TTNN_SURFACE: dict[str, tuple[str, ...]] = {
     "DispatchCoreAxis.ROW": (),
     "DispatchCoreAxis.COL": (),
     "DispatchCoreConfig": ("axis",),
-    "open_mesh_device": ("mesh_shape", "dispatch_core_config", "trace_region_size", "worker_l1_size", "l1_small_size"),
+    "open_mesh_device": ("mesh_shape", "dispatch_core_config", "trace_region_size", "worker_l1_size", "l1_small_size",
+                         "physical_device_ids"),
     "MeshDevice.get_submeshes": (),
     "close_mesh_device": (),
 }
@@ -85,6 +86,8 @@ class MeshOpenPlan:
     trace_region_size: int | None
     worker_l1_size: int | None
     l1_small_size: int | None
+    physical_device_ids: tuple[int, ...] | None = None
+    """This engine's devices when it owns part of the host (a data-parallel rank's sub-mesh)."""
 
     def describe(self) -> str:
         def sized(value: int | None) -> str:
@@ -96,6 +99,7 @@ class MeshOpenPlan:
             f"dispatch axis {self.dispatch_core_axis or 'ttnn default'}, "
             f"trace region {'off' if self.trace_region_size is None else sized(self.trace_region_size)}, "
             f"worker L1 {sized(self.worker_l1_size)}, L1 small {sized(self.l1_small_size)}"
+            + (f", devices {list(self.physical_device_ids)}" if self.physical_device_ids else "")
         )
 
 
@@ -125,6 +129,7 @@ def plan_open(config: TTConfig, request: MeshRequest, cluster_type: Callable[[],
         trace_region_size=None if config.trace_mode == "none" else config.trace_region_size,
         worker_l1_size=config.worker_l1_size,
         l1_small_size=config.l1_small_size,
+        physical_device_ids=request.device_ids,
     )
 
 
@@ -187,6 +192,13 @@ class TtnnMeshBackend:
                 f"needs {needed}, ttnn found {available})",
                 f"set MESH_DEVICE to a shape that fits, e.g. (1,{available})",
             )
+        beyond = [i for i in request.device_ids or () if i >= available]
+        if beyond:
+            raise TTConfigError(
+                "TT_VISIBLE_DEVICES", ",".join(map(str, request.device_ids or ())),
+                f"device ids below {available} (ttnn found {available} devices; {request.source})",
+                "list this host's device ids in TT_VISIBLE_DEVICES, or unset it",
+            )
 
     def _cluster_type(self) -> str:
         return str(self._ttnn.cluster.get_cluster_type().name)
@@ -223,6 +235,7 @@ class TtnnMeshBackend:
             "trace_region_size": plan.trace_region_size,
             "worker_l1_size": plan.worker_l1_size,
             "l1_small_size": plan.l1_small_size,
+            "physical_device_ids": list(plan.physical_device_ids) if plan.physical_device_ids else None,
         }
         kwargs.update({key: value for key, value in optional.items() if value is not None})
         return kwargs
