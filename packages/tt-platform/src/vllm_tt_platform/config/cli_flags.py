@@ -12,12 +12,19 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-RECORDED = ("async_scheduling", "enable_prefix_caching")
-"""Destinations of the vLLM options whose explicit use turns a downgrade into an error."""
+RECORDED = ("async_scheduling", "enable_prefix_caching", "disable_log_stats")
+"""Destinations of the vLLM options whose explicit use turns a downgrade into an error (and
+``--disable-log-stats``, which turns the TT metrics off)."""
 
 _given: set[str] = set()
 """Destinations set on this process's command line: ``--x``, ``--no-x`` or a ``--config`` file
 entry (vLLM turns those into the same arguments before parsing)."""
+
+_values: dict[str, Any] = {}
+"""The value each recorded destination was given."""
+
+_parser_seen = False
+"""Whether this process parsed vLLM's command line (the ``vllm serve`` front end does)."""
 
 
 class _RecordsUse(argparse.Action):
@@ -32,6 +39,7 @@ class _RecordsUse(argparse.Action):
     ) -> None:
         super().__call__(parser, namespace, values, option_string)
         _given.add(self.dest)
+        _values[self.dest] = getattr(namespace, self.dest, None)
 
 
 def record_explicit_use(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +48,8 @@ def record_explicit_use(parser: argparse.ArgumentParser) -> None:
     argparse has no hook for this; the actions are already built by vLLM (and are a different
     class on each vLLM release), so each one gets a subclass of its own class.
     """
+    global _parser_seen
+    _parser_seen = True
     for action in parser._actions:
         if action.dest in RECORDED:
             action.__class__ = type(f"Recorded{type(action).__name__}", (_RecordsUse, type(action)), {})
@@ -48,3 +58,13 @@ def record_explicit_use(parser: argparse.ArgumentParser) -> None:
 def given(dest: str) -> bool:
     """Whether the user set ``dest`` on the command line of this process."""
     return dest in _given
+
+
+def given_value(dest: str) -> Any:
+    """The value the user gave ``dest`` on the command line; None if not given."""
+    return _values.get(dest)
+
+
+def parsed_command_line() -> bool:
+    """Whether this process parsed vLLM's command line (``vllm serve``'s front end)."""
+    return _parser_seen
