@@ -6,9 +6,7 @@ and engine core), so it is idempotent; ``resolve_setup`` is the pure part the wo
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +16,9 @@ from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_scheduler import record_prefill_trace_lens
 from vllm_tt_scheduler.lanes.shape import LaneShape
 
-from vllm_tt_platform.config import cli_flags, data_parallel, request_checks
+from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, request_checks
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.startup_checks import check_capabilities, check_environment, check_vllm_features
-from vllm_tt_platform.envs import VLLM_TT_METRICS
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
@@ -109,7 +106,7 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
-    enable_tt_metrics()
+    metrics_switch.enable_tt_metrics()
     setup = resolve_setup(vllm_config)
     register_with_vllm(setup)
     data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
@@ -150,14 +147,3 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     scheduler.enable_chunked_prefill = True
 
-
-def enable_tt_metrics(environ: MutableMapping[str, str] | None = None) -> bool:
-    """In the ``vllm serve`` front end, before any engine starts: give the engines an address to
-    send their TT metrics to (``VLLM_TT_METRICS``; every engine and API server process inherits
-    it), unless ``--disable-log-stats``. Offline ``vllm.LLM`` parses no command line: no metrics."""
-    env = os.environ if environ is None else environ
-    if not cli_flags.parsed_command_line() or cli_flags.given_value("disable_log_stats"):
-        return False
-    if not VLLM_TT_METRICS.read(env):
-        env[VLLM_TT_METRICS.name] = f"ipc://{tempfile.gettempdir()}/vllm-tt-metrics-{os.getpid()}"
-    return True

@@ -79,6 +79,14 @@ class HostMeshDevice:
             return None
         return spec.resolve(served, self.mesh_shape, self.options.preset, lanes)
 
+    @property
+    def modelled_device_seconds(self) -> float | None:
+        """Modelled device time of the programs completed so far (the TT metrics read it per
+        step); None when device time is not modelled."""
+        if self.options.device_time is None:
+            return None
+        return self.command_queue.stats.modelled_s
+
     def event_synchronize(self, event: Any) -> None:
         """Block until ``event`` (from a readback) is recorded, like ``ttnn.event_synchronize``."""
         if not isinstance(event, DeviceEvent):

@@ -29,7 +29,7 @@ from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.runner import model_output, sampling_output
+from vllm_tt_platform.runner import model_output, sampling_output, step_metrics
 from vllm_tt_platform.runner.async_decode import InFlightStep, SteadySampling, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
@@ -101,6 +101,7 @@ class TTModelRunner:
                                     self.custom_logits_processors),
             mesh_device=mesh_device,
         )
+        self.metrics = step_metrics.open_runner_metrics(vllm_config, self.batch, self.overlap.stats, mesh_device)
 
     # -- setup -------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -231,6 +232,7 @@ class TTModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
         decision = self._choose_sampling(plan)
+        step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         output: model_output.ModelOutput | InFlightStep
         if plan.phase is Phase.PREFILL:
             output = self._prefill(plan, decision)
@@ -376,5 +378,6 @@ class TTModelRunner:
             logger.info("TT sampling decisions (batches): %s", self.sampling_stats.summary())
             self._sampling_summarised = True
         self.sampling_trace.close()
+        self.metrics.close()
 
 
