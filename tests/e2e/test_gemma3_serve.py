@@ -19,10 +19,11 @@ WINDOW = 32
 
 @pytest.fixture(scope="module")
 def gemma3_checkpoint(tmp_path_factory):
-    """The tiny Gemma 3 (sliding, sliding, full), trained so that greedy margins are not ties."""
+    """The tiny Gemma 3 (sliding, sliding, full), trained so that greedy margins are not ties;
+    the folder the host model tests build (same recipe), so a session builds it once."""
     from vllm_tt_platform.host.tiny import build_tiny_checkpoint
 
-    return build_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3") / "ckpt", train_steps=200)
+    return build_tiny_checkpoint("gemma3", tmp_path_factory.getbasetemp() / "tiny-gemma3-trained-200", train_steps=200)
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:

@@ -34,8 +34,10 @@ TRAIN_STEPS = 200
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real."""
-    return build_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3") / "ckpt", train_steps=TRAIN_STEPS)
+    """The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real.
+    Built once per session: tests/e2e/test_gemma3_serve.py reuses the folder (same recipe)."""
+    folder = tmp_path_factory.getbasetemp() / f"tiny-gemma3-trained-{TRAIN_STEPS}"
+    return build_tiny_checkpoint("gemma3", folder, train_steps=TRAIN_STEPS)
 
 
 @pytest.fixture(scope="module")
