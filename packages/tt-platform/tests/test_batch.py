@@ -6,35 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_tt_platform.runner.batch import PersistentBatch, SlotsExhaustedError
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
 from vllm_tt_scheduler.phase import MixedStepError, Phase
-
-
-def new(req_id: str, prompt: list[int], blocks: list[int], computed: int = 0) -> NewRequestData:
-    return NewRequestData(
-        req_id=req_id, prompt_token_ids=prompt, mm_features=[], sampling_params=SamplingParams(max_tokens=8),
-        pooling_params=None, block_ids=(blocks,), num_computed_tokens=computed, lora_request=None,
-    )
-
-
-def cached(req_ids, computed, new_blocks=None, resumed=(), all_tokens=None) -> CachedRequestData:
-    return CachedRequestData(
-        req_ids=list(req_ids), resumed_req_ids=set(resumed), new_token_ids=[[] for _ in req_ids],
-        all_token_ids=all_tokens or {}, new_block_ids=new_blocks or [None] * len(req_ids),
-        num_computed_tokens=list(computed), num_output_tokens=[0] * len(req_ids),
-    )
-
-
-def step(new_reqs=(), cached_reqs=None, scheduled=None, finished=(), preempted=None) -> SchedulerOutput:
-    scheduled = scheduled or {}
-    return SchedulerOutput(
-        scheduled_new_reqs=list(new_reqs), scheduled_cached_reqs=cached_reqs or cached([], []),
-        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, num_common_prefix_blocks=[],
-        finished_req_ids=set(finished), free_encoder_mm_hashes=[], preempted_req_ids=preempted,
-    )
+from vllm_tt_testing.scheduler_outputs import cached_requests as cached
+from vllm_tt_testing.scheduler_outputs import new_request as new
+from vllm_tt_testing.scheduler_outputs import scheduler_output as step
 
 
 def test_requests_keep_their_slot_and_free_it_when_finished():
@@ -64,7 +41,7 @@ def test_preempted_request_resumes_with_scheduler_tokens_and_new_blocks():
     batch.update(step([new("b", [3], [6])], scheduled={"b": 1}))
     batch.update(step(finished={"b"}))
     added, resumed, _ = batch.update(step(
-        cached_reqs=cached(["a"], [0], new_blocks=[([11, 12],)], resumed={"a"}, all_tokens={"a": [1, 2, 7, 8]}),
+        cached=cached(["a"], [0], new_blocks=[([11, 12],)], resumed={"a"}, all_tokens={"a": [1, 2, 7, 8]}),
         scheduled={"a": 4},
     ))
     state = batch.requests["a"]
@@ -78,7 +55,7 @@ def test_decode_inputs_are_the_full_fixed_batch():
     batch.update(step([new("a", [1, 2, 3], [1]), new("b", [4, 5], [2])], scheduled={"a": 3, "b": 2}))
     batch.requests["a"].output_token_ids.append(40)
     batch.requests["b"].output_token_ids.append(50)
-    out = step(cached_reqs=cached(["a", "b"], [3, 2]), scheduled={"a": 1, "b": 1})
+    out = step(cached=cached(["a", "b"], [3, 2]), scheduled={"a": 1, "b": 1})
     batch.update(out)
     plan = StepPlan.build(out, batch)
     assert plan.phase is Phase.DECODE
@@ -97,7 +74,7 @@ def test_prefill_chunk_inputs_and_intermediate_chunks():
     inputs = PrefillInputs.build(plan.rows, table_width=4, blocks_per_lane=100)
     assert inputs.prompt_lens.tolist() == [6] and inputs.start_pos.tolist() == [0]
     assert inputs.tokens[0].tolist() == list(range(10, 16))
-    out = step(cached_reqs=cached(["a"], [6]), scheduled={"a": 4})
+    out = step(cached=cached(["a"], [6]), scheduled={"a": 4})
     batch.update(out)
     plan = StepPlan.build(out, batch)
     assert plan.phase is Phase.PREFILL and plan.rows[0].produces_token
