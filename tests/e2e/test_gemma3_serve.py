@@ -59,8 +59,12 @@ def _kv_groups(llm) -> list[tuple[str, int | None]]:
     ]
 
 
+def _counter(llm, name: str) -> int:
+    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
+
 def _preemptions(llm) -> int:
-    return sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    return _counter(llm, "vllm:num_preemptions")
 
 
 def _assert_same(prompts, got, expected) -> None:
@@ -70,7 +74,8 @@ def _assert_same(prompts, got, expected) -> None:
 
 def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
     """12 prompts of 3-300 tokens on 4 decode rows: requests queue, join running batches and
-    are prefilled in chunks; vLLM keeps a sliding-window group per sliding layer."""
+    are prefilled in chunks; vLLM keeps a sliding-window group per sliding layer. Then prefix
+    cache hits 200 tokens deep."""
     llm = _llm(gemma3_checkpoint, max_num_seqs=4, max_model_len=512)
     try:
         groups = _kv_groups(llm)
@@ -78,9 +83,17 @@ def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
         prompts = _prompts(0, [3, 20, 31, 32, 33, 64, 100, 129, 150, 200, 255, 300])
         got = _generate(llm, prompts, 16)
         assert _preemptions(llm) == 0
+        # A second round that starts from a cached prefix far past the window: the prefill runs
+        # from start_pos > 0 with the sliding groups' blocks before the window already null.
+        shared = prompts[-1][:200]
+        hit_prompts = [shared + tail for tail in _prompts(2, [5, 40, 70])]
+        before = _counter(llm, "vllm:prefix_cache_hits")
+        hit_got = _generate(llm, hit_prompts, 16)
+        assert _counter(llm, "vllm:prefix_cache_hits") - before >= 3 * 128
     finally:
         del llm
     _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
+    _assert_same(hit_prompts, hit_got, hf_greedy(gemma3_checkpoint, hit_prompts, 16))
 
 
 def test_greedy_matches_transformers_under_preemption(gemma3_checkpoint):
