@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -27,8 +29,7 @@ def plan_kv_cache(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], num_blo
             resolve_kv_cache_layout(vllm_config, [TT_KV_CACHE_LAYOUTS], list(spec.values()))
             groups = planning.get_global_kv_cache_groups(vllm_config, [spec])
             return planning.get_kv_cache_configs(vllm_config, [spec], [available], groups)[0]
-        from vllm.v1.core import kv_cache_utils as utils  # vLLM 0.31 / 0.32
-
-        return utils.get_kv_cache_configs(vllm_config, [spec], [available])[0]
+        legacy: Any = importlib.import_module("vllm.v1.core.kv_cache_utils")  # vLLM 0.31 / 0.32
+        return legacy.get_kv_cache_configs(vllm_config, [spec], [available])[0]
     finally:
         cache_config.num_gpu_blocks_override = override
