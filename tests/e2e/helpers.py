@@ -100,6 +100,9 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.eval()
+    # generate() fills a None eos_token_id in from the checkpoint's generation config, so a
+    # trained model would stop at its eos token; clear the default too.
+    model.generation_config.eos_token_id = None
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
         eos_token_id=None, pad_token_id=0, bos_token_id=None,

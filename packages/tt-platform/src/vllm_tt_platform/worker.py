@@ -17,9 +17,9 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from vllm_tt_platform.config.setup import resolve_setup
 from vllm_tt_platform.mesh.backend import make_backend
 from vllm_tt_platform.runner.model_runner import TTModelRunner
-from vllm_tt_platform.config.setup import resolve_setup
 
 logger = init_logger("vllm." + __name__)
 
@@ -62,7 +62,10 @@ class TTWorker(WorkerBase):
         return ["LBHNC"]
 
     def set_kv_cache_layout(self, kv_cache_layout: str, *args: Any) -> None:
-        """The model allocates its own KV cache; vLLM's layout choice does not apply."""
+        """The model allocates its own KV cache, so the layout does not shape it; it is still
+        recorded, because vLLM's grouping of hybrid KV specs (``reserve_kv_blocks``) reads it,
+        and in a worker process of its own nothing else records it."""
+        super().set_kv_cache_layout(kv_cache_layout, *args)
 
     def determine_available_memory(self) -> int:
         return self.runner.reserve_kv_blocks()

@@ -1,0 +1,89 @@
+"""GPT-OSS end to end: the engine on the host backend generates what transformers' generate()
+does on the tiny GPT-OSS (a sliding layer of window 32, a full layer, routed experts, sinks,
+YaRN), for prompts shorter and longer than the window. vLLM's hybrid KV manager keeps one block
+table per layer kind and frees blocks that left the window; the model reads each layer through
+its own table. Offline through ``vllm.LLM`` on one mesh, and through ``vllm serve`` as 4
+in-process lanes on an emulated Galaxy (``vllm.LLM`` refuses ``data_parallel_size > 1``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import hf_greedy, serve
+
+pytestmark = pytest.mark.e2e
+
+MAX_NEW_TOKENS = 16
+ROWS = 4
+"""Decode rows (per lane with lanes)."""
+LANES = 4
+TRAIN_STEPS = 200
+"""Trained briefly, so greedy margins are not ties (and eos is a likely token: ignored)."""
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory) -> Path:
+    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+
+    return build_tiny_checkpoint("gpt_oss", tmp_path_factory.mktemp("tiny") / "gpt_oss", TRAIN_STEPS)
+
+
+@pytest.fixture(scope="module")
+def prompts_and_expected(gpt_oss_dir) -> tuple[list[list[int]], list[list[int]]]:
+    """Lengths around the window (31-33), a few windows long, and past one 64-token block."""
+    rng = random.Random(11)
+    lengths = [5, 31, 32, 33, 47, 64, 65, 100, 150, 200, 17, 90]
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+    return prompts, hf_greedy(gpt_oss_dir, prompts, MAX_NEW_TOKENS)
+
+
+def _mismatches(prompts, got, expected) -> list[tuple[int, list[int], list[int]]]:
+    return [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
+
+
+def test_offline_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected):
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts, expected = prompts_and_expected
+    llm = LLM(
+        model=str(gpt_oss_dir), max_num_seqs=ROWS, max_model_len=512, seed=0,
+        additional_config={"tt": {"mesh_backend": "host"}},
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    del llm
+    bad = _mismatches(prompts, [list(r.outputs[0].token_ids) for r in results], expected)
+    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+
+
+def test_galaxy_lanes_serve_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected, tmp_path):
+    """``--data-parallel-size 4`` on TG (8x4) -> 4 lanes of 4 rows in one engine, each lane
+    with its own hybrid KV cache; all prompts at once, so every lane runs several."""
+    import openai
+
+    prompts, expected = prompts_and_expected
+    log = tmp_path / "serve.log"
+    args = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS),
+            "--api-server-count", "1", "--max-model-len", "512")
+    # A loaded 2-core machine takes minutes to start four lanes; the default wait is 240 s.
+    with serve(gpt_oss_dir, *args, env={"MESH_DEVICE": "TG"}, log=log, timeout=600) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+        def complete(prompt: list[int]) -> list[int]:
+            result = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=MAX_NEW_TOKENS, temperature=0.0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            ).model_dump()
+            return result["choices"][0]["token_ids"]
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            got = list(pool.map(complete, prompts))
+    text = log.read_text()
+    assert f"{LANES} lanes x {ROWS} rows on (8,4)" in text
+    bad = _mismatches(prompts, got, expected)
+    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
