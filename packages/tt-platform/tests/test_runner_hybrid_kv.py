@@ -16,7 +16,9 @@ import pytest
 import torch
 from vllm.config import ModelConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -144,10 +146,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def vllm_config_for(model_dir: str, rows: int, num_blocks: int | None = None,
-                    batched_tokens: int = 64) -> VllmConfig:
+def vllm_config_for(model_dir: str, rows: int, num_blocks: int | None = None, batched_tokens: int = 64,
+                    prefix_caching: bool = False) -> VllmConfig:
     config = build_vllm_config(SimConfig(max_num_seqs=rows, max_num_batched_tokens=batched_tokens,
-                                         max_model_len=MAX_LEN, block_size=BLOCK))
+                                         max_model_len=MAX_LEN, block_size=BLOCK,
+                                         enable_prefix_caching=prefix_caching))
     config.model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=MAX_LEN,
                                       dtype="float32")
     config.cache_config.num_gpu_blocks_override = num_blocks
@@ -169,8 +172,9 @@ def plan_kv(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], available: in
 class Engine:
     """The engine core's loop over one TT runner and the TT phase scheduler."""
 
-    def __init__(self, model_dir: str, model_cls: type, rows: int = 2, num_blocks: int | None = None) -> None:
-        self.vllm_config = vllm_config_for(model_dir, rows, num_blocks)
+    def __init__(self, model_dir: str, model_cls: type, rows: int = 2, num_blocks: int | None = None,
+                 prefix_caching: bool = False) -> None:
+        self.vllm_config = vllm_config_for(model_dir, rows, num_blocks, prefix_caching=prefix_caching)
         registered = RegisteredModel("TTLlamaForCausalLM", f"{model_cls.__module__}:{model_cls.__qualname__}", "test")
         setup = TTSetup(TTConfig.from_sources({}, {}), registered, registered.capabilities(),
                         Topology(mesh_request({}), 1, rows))
@@ -187,11 +191,15 @@ class Engine:
             structured_output_manager=StructuredOutputManager(self.vllm_config), block_size=BLOCK,
         )
         self.preempted = 0
+        self.block_hasher = None
+        if prefix_caching:  # requests carry block hashes, as the engine core computes them
+            init_none_hash(sha256)
+            self.block_hasher = get_request_block_hasher(BLOCK, sha256)
 
     def add(self, req_id: str, prompt_len: int, max_tokens: int) -> None:
         prompt = [(i * 5 + len(req_id)) % (VOCAB - 1) + 1 for i in range(prompt_len)]
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
-        self.scheduler.add_request(Request(req_id, prompt, params, None))
+        self.scheduler.add_request(Request(req_id, prompt, params, None, block_hasher=self.block_hasher))
 
     def run(self, max_steps: int = 400) -> None:
         for _ in range(max_steps):
@@ -335,6 +343,26 @@ def test_preempted_requests_resume_with_their_blocks_replaced(model_dir: str) ->
     layout = engine.runner.kv.layout
     assert layout is not None
     for call in engine.model.calls:
+        for row, (req_id, computed) in rows_of(engine, call).items():
+            for layer, table in enumerate(call.kwargs["page_tables_per_layer"]):
+                group = layout.layers[layer].group
+                assert table[row].tolist() == expected_row(engine, group, call.vllm_blocks[req_id][group], computed)
+
+
+def test_a_prefix_cache_hit_starts_past_the_null_blocks_vllm_left_in_the_window(model_dir: str) -> None:
+    engine = Engine(model_dir, HybridModel, prefix_caching=True)
+    engine.add("a1", 90, 2)
+    engine.run()
+    first = len(engine.model.calls)
+    engine.add("b1", 90, 30)   # the same prompt: vLLM hits the cache past the window
+    engine.run()
+    layout = engine.runner.kv.layout
+    assert layout is not None
+    (hit,) = [c for c in engine.model.calls[first:] if c.kind == "prefill"]
+    start = int(hit.kwargs["start_pos"][0])
+    sliding = hit.vllm_blocks["b1"][0]
+    assert start >= 4 * BLOCK and sliding[0] == 0, "no prefix hit with a dropped window head"
+    for call in engine.model.calls[first:]:
         for row, (req_id, computed) in rows_of(engine, call).items():
             for layer, table in enumerate(call.kwargs["page_tables_per_layer"]):
                 group = layout.layers[layer].group
