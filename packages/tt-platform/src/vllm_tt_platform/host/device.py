@@ -10,14 +10,19 @@ thread and take the modelled time, and readbacks complete through events.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.logger import init_logger
+
 from vllm_tt_platform.faults import Faults
-from vllm_tt_platform.host.device_time import DeviceTimeSpec, ModelDims, ProgramCosts
 from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
+from vllm_tt_platform.host.device_time import DeviceTimeSpec, ModelDims, ProgramCosts
 from vllm_tt_platform.mesh.shape import MeshShape
+
+logger = init_logger("vllm." + __name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class HostMeshDevice:
         self.command_queue = command_queue or CommandQueue(timed=self.options.device_time is not None)
         self._owns_queue = command_queue is None
         self._traces: set[Hashable] = set()
+        self._missed: set[Hashable] = set()
         self._lock = threading.Lock()
         self._submeshes: list[HostMeshDevice] = []
         self.closed = False
@@ -106,14 +112,28 @@ class HostMeshDevice:
         self.command_queue.faults = faults
 
     # Traces.
-    def capture_trace(self, key: Hashable) -> None:
+    def capture_trace(self, key: Hashable, duration_s: float = 0.0) -> float:
+        """Capture the trace of ``key``'s shape: it runs the program once, so with modelled
+        device time it takes ``duration_s`` (the program's cost). Logged with the shape and the
+        time it took, which it returns."""
+        start = time.perf_counter()
+        if duration_s > 0:
+            self.command_queue.submit(lambda: None, duration_s).result()
         with self._lock:
             self._traces.add(key)
+        elapsed = time.perf_counter() - start
+        where = "" if self.lane is None else f" on lane {self.lane}"
+        logger.info("TT warmup: captured trace %s%s in %.3f s", key, where, elapsed)
+        return elapsed
 
     def replay_trace(self, key: Hashable) -> None:
         with self._lock:
             if key not in self._traces:
                 captured = ", ".join(sorted(map(str, self._traces))) or "none"
+                if key not in self._missed:  # logged once per shape, also if a caller recovers
+                    self._missed.add(key)
+                    logger.error("TT trace shape %s met at run time was not captured at warmup (captured: %s)",
+                                 key, captured)
                 raise TraceNotCapturedError(
                     f"no trace was captured for {key!r} (captured: {captured}); "
                     "warmup must capture every shape the runner serves"

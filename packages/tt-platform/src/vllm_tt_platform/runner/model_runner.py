@@ -37,6 +37,7 @@ from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
 from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
+from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)
 
@@ -199,18 +200,24 @@ class TTModelRunner:
                 )
         warm = cast(TTModelExtras, model)  # both optional warmup members are present (checked above)
         on_device = self.sampling_mode is not None
+        report = WarmupReport()
         for prefill_trace, decode_trace in ((False, False), (self.prefill_trace, self.decode_trace)):
             if hasattr(model, "already_warmed_up_prefill"):  # tt-metal's once-only prefill warmup flag
                 model.already_warmed_up_prefill = False
-            warm.warmup_model_prefill(
-                kv_cache=self.kv_cache, enable_trace=prefill_trace,
-                can_sample_on_device=self.sampling_mode is DeviceSamplingMode.ALL,
-            )
-            warm.warmup_model_decode(
-                kv_cache=self.kv_cache, enable_trace=decode_trace,
-                max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
-                can_sample_on_device=on_device,
-            )
+            with report.timed(f"prefill {'trace capture' if prefill_trace else 'compile'} "
+                              f"(prompts up to {self.max_model_len} tokens)"):
+                warm.warmup_model_prefill(
+                    kv_cache=self.kv_cache, enable_trace=prefill_trace,
+                    can_sample_on_device=self.sampling_mode is DeviceSamplingMode.ALL,
+                )
+            with report.timed(f"decode {'trace capture' if decode_trace else 'compile'} "
+                              f"({self.topology.decode_rows} rows x {self.table_width} blocks)"):
+                warm.warmup_model_decode(
+                    kv_cache=self.kv_cache, enable_trace=decode_trace,
+                    max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
+                    can_sample_on_device=on_device,
+                )
+        report.log_summary()
 
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:

@@ -217,7 +217,13 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             return
         for device in self.lanes.devices:
             for bucket in buckets_up_to(self.max_seq_len):
-                device.capture_trace(TraceKey.prefill(bucket))
+                device.capture_trace(TraceKey.prefill(bucket), self._capture_s(bucket))
+
+    def _capture_s(self, prefill_bucket: int | None) -> float:
+        """Modelled time of one capture: one run of the program (0 when time is not modelled)."""
+        if self.costs is None:
+            return 0.0
+        return self.costs.decode_s(0) if prefill_bucket is None else self.costs.prefill_s(prefill_bucket, 0)
 
     def warmup_model_decode(
         self,
@@ -237,9 +243,9 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             )
         if enable_trace:
             for device in self.lanes.devices:
-                device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, False))
+                device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, False), self._capture_s(None))
                 if can_sample_on_device:
-                    device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, True))
+                    device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, True), self._capture_s(None))
             return
         rows = self.max_batch_size
         self.decode_forward(
