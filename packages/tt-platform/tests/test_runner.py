@@ -39,10 +39,10 @@ def next_token(last: int, position: int, vocab: int) -> int:
     return (last * 31 + position * 7 + 3) % vocab
 
 
-class RecordingModel:
-    """The TT model contract, recorded: every call's arguments are kept (tensors cloned) and
-    each row's next token is ``next_token`` of its last input token and position, returned as
-    peaked logits (or as the token when asked to sample on device)."""
+class ContractRecorder:
+    """The TT model contract's required members, recorded: every call's arguments are kept
+    (tensors cloned) and each row's next token is ``next_token`` of its last input token and
+    position, returned as peaked logits (or as the token when asked to sample on device)."""
 
     model_capabilities: ClassVar[dict[str, Any]] = {}
 
@@ -58,7 +58,7 @@ class RecordingModel:
 
     @classmethod
     def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int, max_seq_len: int,
-                              tt_data_parallel: int = 1, optimizations: str | None = None) -> RecordingModel:
+                              tt_data_parallel: int = 1, optimizations: str | None = None) -> ContractRecorder:
         model = cls(hf_config.vocab_size)
         model._record("initialize_vllm_model", mesh_device=mesh_device, max_batch_size=max_batch_size,
                       max_seq_len=max_seq_len, tt_data_parallel=tt_data_parallel, optimizations=optimizations)
@@ -93,6 +93,10 @@ class RecordingModel:
                      enable_trace=enable_trace, read_from_device=read_from_device,
                      sampling_params=sampling_params, **kwargs)
         return self._answer(tokens[:, 0].tolist(), start_pos.tolist(), sampling_params)
+
+
+class RecordingModel(ContractRecorder):
+    """With the optional warmup members."""
 
     def warmup_model_prefill(self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool) -> None:
         self._record("warmup_model_prefill", kv_cache=kv_cache, enable_trace=enable_trace,
@@ -136,7 +140,7 @@ def vllm_config(tiny_checkpoint) -> VllmConfig:
     ).create_engine_config()
 
 
-def make_runner(vllm_config: VllmConfig, model_cls: type[RecordingModel] = RecordingModel, *, lanes: int = 1,
+def make_runner(vllm_config: VllmConfig, model_cls: type[ContractRecorder] = RecordingModel, *, lanes: int = 1,
                 rows: int = 4, devices: int | None = None, load: bool = True, kv_blocks: int | None = NUM_BLOCKS,
                 **tt: Any) -> TTModelRunner:
     """A runner serving ``model_cls`` on ``lanes`` x ``rows`` slots of a ``(1, devices)`` mesh,
@@ -156,9 +160,9 @@ def make_runner(vllm_config: VllmConfig, model_cls: type[RecordingModel] = Recor
     return runner
 
 
-def recorded(runner: TTModelRunner) -> RecordingModel:
+def recorded(runner: TTModelRunner) -> ContractRecorder:
     model = runner.model
-    assert isinstance(model, RecordingModel)
+    assert isinstance(model, ContractRecorder)
     return model
 
 
@@ -414,3 +418,9 @@ def test_warm_up_compiles_then_captures_the_trace_modes_traces(vllm_config):
     assert [(c["enable_trace"], c["can_sample_on_device"], c["max_batch_size"], c["num_blocks"])
             for c in model.called("warmup_model_decode")] == [(False, True, 4, TABLE), (True, True, 4, TABLE)]
 
+
+
+def test_warm_up_of_a_model_without_warmups_names_the_setting(vllm_config):
+    with pytest.raises(TypeError, match=r"enable_model_warmup false"):
+        make_runner(vllm_config, ContractRecorder).warm_up()
+    make_runner(vllm_config, ContractRecorder, enable_model_warmup=False, trace_mode="none").warm_up()
