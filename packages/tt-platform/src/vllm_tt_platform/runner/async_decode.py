@@ -42,8 +42,8 @@ from vllm_tt_sampling.decision import (
     choose_sampling_path,
 )
 
-from vllm_tt_platform.runner import model_output
 from vllm_tt_platform.faults import NO_FAULTS, DelayPoint, Faults
+from vllm_tt_platform.runner import model_output
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput

@@ -16,6 +16,7 @@ from vllm_tt_sampling.decision import SamplingDecision
 
 from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 
+
 class SamplingTrace(Protocol):
     def record(self, step: int, phase: str, decision: SamplingDecision, req_ids: Sequence[str]) -> None: ...
 
