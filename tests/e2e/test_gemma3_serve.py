@@ -31,14 +31,14 @@ def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
 
 
-def _llm(model_dir, **kwargs):
+def _llm(model_dir, tt: dict | None = None, **kwargs):
     from vllm import LLM
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
         return LLM(
             model=str(model_dir), block_size=32, seed=0, disable_log_stats=False,
-            additional_config={"tt": {"mesh_backend": "host"}}, **kwargs,
+            additional_config={"tt": {"mesh_backend": "host", **(tt or {})}}, **kwargs,
         )
 
 
@@ -110,3 +110,18 @@ def test_greedy_matches_transformers_under_preemption(gemma3_checkpoint):
     finally:
         del llm
     _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 150))
+
+
+def test_greedy_matches_transformers_with_device_sampling_and_overlap(gemma3_checkpoint):
+    """Device sampling with overlapped decode: the device keeps each slot's token and position
+    and the runner submits a step before reading the last one back, page tables per layer
+    included."""
+    llm = _llm(gemma3_checkpoint, tt={"sample_on_device_mode": "all"}, max_num_seqs=4, max_model_len=512,
+               async_scheduling=True)
+    try:
+        assert llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.runner.overlap.enabled
+        prompts = _prompts(3, [10, 40, 90, 150, 230, 300])
+        got = _generate(llm, prompts, 24)
+    finally:
+        del llm
+    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 24))
