@@ -180,6 +180,7 @@ class HybridRunner:
         self.free = [list(order) for _ in range(model.lanes.count)]
         for lane in range(model.lanes.count):
             self._scribble(lane, 0)
+        self.null_blocks = [[t[0].clone() for t in self.kv[lane][0]] for lane in range(model.lanes.count)]
         self.seqs: dict[int, Seq] = {}
         self.freed = 0
 
@@ -187,9 +188,26 @@ class HybridRunner:
         for tensor in self.kv[lane][0]:  # the one tensor both layers share
             tensor[block] = torch.randn(tensor[block].shape, generator=self.rng) * 100
 
-    def add(self, slot: int, prompt: list[int]) -> None:
-        groups = {window: [] for window in self.windows}
-        self.seqs[slot] = Seq(prompt, [groups[window] for window in self.windows])
+    def add(self, slot: int, prompt: list[int], prefix_of: int | None = None, cached_blocks: int = 0) -> None:
+        """Admit a request; a prefix-cache hit reuses ``cached_blocks`` full blocks of
+        ``prefix_of``: all of them in the full group, in the sliding group only those the
+        window of the first computed position reaches (the others are null)."""
+        groups: dict[int | None, list[int]] = {window: [] for window in self.windows}
+        if prefix_of is not None:
+            start = cached_blocks * BLOCK
+            for window, source in self._groups(self.seqs[prefix_of]).items():
+                first = 0 if window is None else max(0, start - window + 1) // BLOCK
+                groups[window].extend([0] * first + source[first:cached_blocks])
+        tables = [groups[window] for window in self.windows]
+        self.seqs[slot] = Seq(prompt, tables, computed=cached_blocks * BLOCK)
+
+    def null_block_untouched(self) -> bool:
+        """Padding rows and null entries never write block 0."""
+        return all(
+            torch.equal(t[0], kept)
+            for lane, blocks in enumerate(self.null_blocks)
+            for t, kept in zip(self.kv[lane][0], blocks, strict=True)
+        )
 
     def _groups(self, seq: Seq) -> dict[int | None, list[int]]:
         return dict(zip(self.windows, seq.tables, strict=True))
@@ -304,6 +322,24 @@ def test_chunked_prefill_and_paged_decode_match_generate(gpt_oss_dir, hf_gpt_oss
     assert runner.freed > 0 and 0 in runner.seqs[0].tables[0] and 0 not in runner.seqs[0].tables[1]
     for slot in (0, 1):
         assert_matches_hf(hf_gpt_oss, runner.seqs[slot])
+    assert runner.null_block_untouched()
+
+
+def test_prefix_cache_hit_reads_only_its_window(gpt_oss_dir, hf_gpt_oss):
+    """A hit on 4 cached blocks (64 tokens): the full layer reuses all four, the sliding layer
+    only the blocks its window reaches from position 64; prefill resumes at start_pos 64."""
+    model = build(gpt_oss_dir)
+    runner = HybridRunner(model, seed=5)
+    first, own = prompts(8, 100, 30)
+    runner.add(0, first)
+    runner.prefill([(0, 100)])
+    runner.add(1, first[:64] + own, prefix_of=0, cached_blocks=4)
+    del runner.seqs[0]  # finished; its blocks stay cached
+    assert runner.seqs[1].tables[0][:2] == [0, 0] and 0 not in runner.seqs[1].tables[1]
+    runner.prefill([(1, 94)])
+    runner.decode(6)
+    assert_matches_hf(hf_gpt_oss, runner.seqs[1])
+    assert runner.null_block_untouched()
 
 
 def test_greedy_generate_parity_on_text(gpt_oss_dir, hf_gpt_oss):
