@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from vllm_tt_platform.runner.model_runner import TTModelRunner
+from vllm_tt_platform.runner.step_sampling import StepSampling
 from vllm_tt_platform.worker import TTWorker
 
 
@@ -18,7 +19,7 @@ def test_worker_runner_before_init_device():
 
 
 def test_runner_host_sampler_before_load_model():
-    runner = object.__new__(TTModelRunner)
-    runner._host_sampler = None
+    sampling = object.__new__(StepSampling)
+    sampling._host = None
     with pytest.raises(RuntimeError, match=r"load_model\(\) has not run"):
-        _ = runner.host_sampler
+        _ = sampling.host_sampler

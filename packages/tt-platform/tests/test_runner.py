@@ -361,7 +361,7 @@ def test_a_row_the_device_cannot_sample_sends_the_batch_to_the_host(vllm_config)
     (call,) = recorded(runner).called("prefill_forward")
     assert call["sampling_params"] is None, "the whole batch falls back to the host sampler"
     assert sampled(out)["a"] == [11], "the host sampler applied the logit bias"
-    assert runner.sampling_stats.count("host", "logit_bias") == 1
+    assert runner.sampling.stats.count("host", "logit_bias") == 1
 
 
 def test_decode_only_mode_samples_prefill_on_the_host(vllm_config):

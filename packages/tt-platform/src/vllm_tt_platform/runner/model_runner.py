@@ -6,37 +6,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
-from vllm_tt_sampling.decision import (
-    NO_DEVICE_LOGPROBS,
-    DeviceSamplingCaps,
-    DeviceSamplingMode,
-    RowSampling,
-    SamplingDecision,
-    SamplingPath,
-    choose_sampling_path,
-)
-from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
-from vllm_tt_sampling.stats import SamplingStats
-from vllm_tt_sampling.wire import to_device_params
+from vllm_tt_sampling.decision import DeviceSamplingMode, SamplingDecision, SamplingPath
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.runner import model_output, sampling_output, step_metrics
-from vllm_tt_platform.runner.async_decode import InFlightStep, SteadySampling, overlap_for
+from vllm_tt_platform.runner import model_output, step_metrics
+from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
-from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
-from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow, StepPlan
+from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
+from vllm_tt_platform.runner.step_sampling import StepSampling
 from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)
@@ -69,37 +56,18 @@ class TTModelRunner:
         config = setup.config
         self.prefill_trace = config.trace_mode == "all"
         self.decode_trace = config.trace_mode in ("all", "decode_only")
-        caps = setup.capabilities
-        self.sampling_caps = DeviceSamplingCaps(
-            max_top_k=caps.max_device_top_k,
-            penalties=caps.supports_device_penalties,
-            # The device returns raw logprobs only; other logprobs modes are served by the host.
-            max_logprobs=caps.max_device_logprobs
-            if self.model_config.logprobs_mode == "raw_logprobs" else NO_DEVICE_LOGPROBS,
-        )
-        self.sampling_mode = (
-            DeviceSamplingMode(config.sample_on_device_mode) if config.sample_on_device_mode else None
-        )
-        self.sampling_stats = SamplingStats()
-        self.sampling_trace = open_sampling_trace()
-        self._sampling_step = 0
-        self._sampling_summarised = False
-        self.custom_logits_processors = bool(self.model_config.logits_processors)
-        self.vocab_size = self.model_config.get_vocab_size()
-        self.prompt_logprobs = sampling_output.PromptLogprobs(self.vocab_size, self.model_config.logprobs_mode)
+        self.sampling = StepSampling(vllm_config, setup)
         # Set by load_model() and initialize_kv_cache(); read through the properties below.
         self._model_cls: type[TTModel] | None = None
         self._model: TTModel | None = None
-        self._host_sampler: HostSamplingBatch | None = None
         self._num_blocks: int | None = None
         self._kv_cache: Any = None
         """Opaque to the runner: whatever the model's ``allocate_kv_cache`` returned."""
         self._pending: _PendingStep | None = None
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
-            supports_async_decode=caps.supports_async_decode, decode_trace=self.decode_trace,
-            sampling=SteadySampling(self.sampling_mode, self.sampling_caps, config.always_compat_sampling,
-                                    self.custom_logits_processors),
+            supports_async_decode=setup.capabilities.supports_async_decode, decode_trace=self.decode_trace,
+            sampling=self.sampling.steady,
             mesh_device=mesh_device,
         )
         self.metrics = step_metrics.open_runner_metrics(vllm_config, self.batch, self.overlap.stats, mesh_device)
@@ -117,9 +85,7 @@ class TTModelRunner:
             tt_data_parallel=self.topology.lanes,
             optimizations=self.setup.config.optimizations,
         )
-        # Counter stream: a seeded request draws the same tokens on either sampling path.
-        self._host_sampler = HostSamplingBatch(self.batch.num_slots, self.vocab_size, self.vllm_config,
-                                               seed_stream=SeedStream.COUNTER)
+        self.sampling.open_host_sampler(self.batch.num_slots)
 
     @property
     def model_cls(self) -> type[TTModel]:
@@ -134,13 +100,6 @@ class TTModelRunner:
         if self._model is None:
             raise _not_run("load_model", "model")
         return self._model
-
-    @property
-    def host_sampler(self) -> HostSamplingBatch:
-        """vLLM's sampler over the batch's slots, created by ``load_model``."""
-        if self._host_sampler is None:
-            raise _not_run("load_model", "host sampler")
-        return self._host_sampler
 
     @property
     def num_blocks(self) -> int:
@@ -199,7 +158,7 @@ class TTModelRunner:
                     "--additional-config.tt.enable_model_warmup false (with trace_mode none)"
                 )
         warm = cast(TTModelExtras, model)  # both optional warmup members are present (checked above)
-        on_device = self.sampling_mode is not None
+        mode = self.sampling.mode
         report = WarmupReport()
         for prefill_trace, decode_trace in ((False, False), (self.prefill_trace, self.decode_trace)):
             if hasattr(model, "already_warmed_up_prefill"):  # tt-metal's once-only prefill warmup flag
@@ -208,14 +167,14 @@ class TTModelRunner:
                               f"(prompts up to {self.max_model_len} tokens)"):
                 warm.warmup_model_prefill(
                     kv_cache=self.kv_cache, enable_trace=prefill_trace,
-                    can_sample_on_device=self.sampling_mode is DeviceSamplingMode.ALL,
+                    can_sample_on_device=mode is DeviceSamplingMode.ALL,
                 )
             with report.timed(f"decode {'trace capture' if decode_trace else 'compile'} "
                               f"({self.topology.decode_rows} rows x {self.table_width} blocks)"):
                 warm.warmup_model_decode(
                     kv_cache=self.kv_cache, enable_trace=decode_trace,
                     max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
-                    can_sample_on_device=on_device,
+                    can_sample_on_device=mode is not None,
                 )
         report.log_summary()
 
@@ -225,20 +184,11 @@ class TTModelRunner:
         added, resumed, released = self.batch.update(out, self._lanes_of_new(out))
         if added or resumed or released:
             self.overlap.batch_changed()
-        sampler = self.host_sampler
-        for state in released:
-            sampler.remove_request(state.slot)
-        for state in (*added, *resumed):
-            sampler.add_request(state.slot, state.req_id, state.sampling_params,
-                                state.prompt_token_ids, state.output_token_ids, state.generator)
-        for req_id in out.finished_req_ids:
-            self.prompt_logprobs.drop(req_id)
-        for state in added:
-            self.prompt_logprobs.add(state.req_id, state.sampling_params, state.prompt_token_ids)
+        self.sampling.track(out, added, resumed, released)
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
-        decision = self._choose_sampling(plan)
+        decision = self.sampling.decide(plan)
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         output: model_output.ModelOutput | InFlightStep
         if plan.phase is Phase.PREFILL:
@@ -255,39 +205,10 @@ class TTModelRunner:
         numbering = BlockNumbering(self.num_blocks)
         return {new.req_id: numbering.lane_of(new.block_ids[0][0]) for new in out.scheduled_new_reqs}
 
-    def _choose_sampling(self, plan: StepPlan) -> SamplingDecision:
-        rows = [
-            RowSampling.from_vllm(
-                r.state.sampling_params,
-                structured_output=r.state.sampling_params.structured_outputs is not None,
-                intermediate_chunk=not r.produces_token,
-                logits_processors_configured=self.custom_logits_processors,
-                num_output_tokens=len(r.state.output_token_ids),
-            )
-            for r in plan.rows
-        ]
-        decision = choose_sampling_path(
-            rows, mode=self.sampling_mode, prefill=plan.phase is Phase.PREFILL, caps=self.sampling_caps,
-            always_compat=self.setup.config.always_compat_sampling,
-        )
-        self.sampling_stats.record(decision)
-        self._sampling_step += 1
-        phase = plan.phase.value
-        self.sampling_trace.record(self._sampling_step, phase, decision, [r.state.req_id for r in plan.rows])
-        logger.debug("sampling step %d (%s, %d rows): %s (%s)", self._sampling_step, phase, len(plan.rows),
-                     decision.path.value, decision.reason)
-        return decision
-
     def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
         inputs = PrefillInputs.build(plan.rows, self.table_width, self.num_blocks, self.kv.layout,
                                      self.batch.num_slots)
-        on_device = decision.path is SamplingPath.DEVICE
-        kwargs: dict[str, Any] = {}
-        if on_device:
-            kwargs = device_sampling_kwargs([r.state for r in plan.rows], self.vocab_size)
-        all_logits = not on_device and self.prompt_logprobs.wanted(plan.rows)
-        if all_logits:
-            kwargs["return_all_logits"] = True
+        kwargs = self.sampling.prefill_kwargs(plan, decision)
         if inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
         raw = self.model.prefill_forward(
@@ -295,32 +216,24 @@ class TTModelRunner:
             prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
             enable_trace=self.prefill_trace, **kwargs,
         )
-        if all_logits:
-            self.prompt_logprobs.collect(plan.rows, raw[0] if isinstance(raw, tuple) else raw)
-        return model_output.parse(raw, sampled_on_device=on_device,
+        self.sampling.after_prefill(plan, kwargs, raw)
+        return model_output.parse(raw, sampled_on_device=decision.path is SamplingPath.DEVICE,
                                   owner=f"{type(self.model).__qualname__}.prefill_forward")
 
     def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput | InFlightStep:
         num_slots = self.batch.num_slots
         on_device = decision.path is SamplingPath.DEVICE
-        params = None
-        if on_device:
-            by_slot: list[Any] = [None] * num_slots
-            for r in plan.rows:
-                by_slot[r.state.slot] = r.state.sampling_params
-            params = to_device_params(by_slot, self.vocab_size)
+        sampling = self.sampling.decode_kwargs(plan, decision, num_slots)
+        params = sampling.get("sampling_params")
         overlapped = self.overlap.prepare_decode(  # drains what is in flight unless overlapped
-            self.batch, device_sampled=on_device, penalties=params is not None and params.has_penalties,
+            self.batch, device_sampled=on_device, penalties="prompt_tokens" in sampling,
             logprobs=params is not None and any(params.enable_log_probs),
         )
         inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks, self.kv.layout)
         kwargs: dict[str, Any] = self.overlap.decode_kwargs(plan.rows, device_sampled=on_device)
         if inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
-        if params is not None:
-            kwargs["sampling_params"] = params
-            if params.has_penalties:
-                kwargs["prompt_tokens"], kwargs["output_tokens"] = self._penalty_history(plan, num_slots)
+        kwargs.update(sampling)
         raw = self.model.decode_forward(
             tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
             kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
@@ -329,19 +242,6 @@ class TTModelRunner:
             return self.overlap.submit(self.model, raw, plan.rows)
         return model_output.read_decode(self.model, raw, sampled_on_device=on_device)
 
-    def _penalty_history(self, plan: StepPlan, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """-1-padded ``[rows, L]`` prompt and output token histories per slot."""
-        prompt_len = max(len(r.state.prompt_token_ids) for r in plan.rows)
-        output_len = max(1, max(len(r.state.output_token_ids) for r in plan.rows))
-        prompts = torch.full((num_slots, prompt_len), -1, dtype=torch.int32)
-        outputs = torch.full((num_slots, output_len), -1, dtype=torch.int32)
-        for r in plan.rows:
-            s = r.state
-            prompts[s.slot, : len(s.prompt_token_ids)] = torch.tensor(s.prompt_token_ids, dtype=torch.int32)
-            if s.output_token_ids:
-                outputs[s.slot, : len(s.output_token_ids)] = torch.tensor(s.output_token_ids, dtype=torch.int32)
-        return prompts, outputs
-
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
         if pending is None:
@@ -349,42 +249,11 @@ class TTModelRunner:
         plan, output = pending.plan, pending.output
         if isinstance(output, InFlightStep):
             return self.overlap.async_output(output, grammar_output)
-        producing = [r for r in plan.rows if r.produces_token]
-        waiting = [r for r in plan.rows if not r.produces_token]
-        sampled = sampling_output.SampledRows([], None)
-        if producing:
-            index = self._output_rows(plan, producing)
-            if output.tokens is not None:
-                sampled = sampling_output.from_device(output, index, producing)
-            else:  # model_output.parse() returns tokens or logits
-                logits = cast(torch.Tensor, output.logits)
-                sampled = sampling_output.from_host(self.host_sampler, logits[index], producing, grammar_output)
-        tokens = sampled.tokens
-        for r, token in zip(producing, tokens, strict=True):
-            r.state.output_token_ids.append(token)
-        ordered = producing + waiting  # logprobs rows are the producing rows, in this order
-        return ModelRunnerOutput(
-            req_ids=[r.state.req_id for r in ordered],
-            req_id_to_index={r.state.req_id: i for i, r in enumerate(ordered)},
-            sampled_token_ids=[[t] for t in tokens] + [[] for _ in waiting],
-            logprobs=sampled.logprobs,
-            prompt_logprobs_dict=dict(self.prompt_logprobs.take_done()),
-        )
-
-    def _output_rows(self, plan: StepPlan, producing: list[ScheduledRow]) -> torch.Tensor:
-        """Model output rows of ``producing``: slots for decode, plan order for prefill."""
-        if plan.phase is Phase.DECODE:
-            return torch.tensor([r.state.slot for r in producing], dtype=torch.long)
-        position = {id(r): i for i, r in enumerate(plan.rows)}
-        return torch.tensor([position[id(r)] for r in producing], dtype=torch.long)
+        return self.sampling.sampled(plan, output, grammar_output)
 
     def close(self) -> None:
-        """Say once how the run sampled (a silent host fallback costs a logits read-back per
-        step), and close the sampling trace."""
-        if self.sampling_stats.total and not self._sampling_summarised:
-            logger.info("TT sampling decisions (batches): %s", self.sampling_stats.summary())
-            self._sampling_summarised = True
-        self.sampling_trace.close()
+        """Say how the run sampled, close the traces and metrics."""
+        self.sampling.close()
         self.metrics.close()
 
 
