@@ -212,20 +212,18 @@ def test_prefill_logits_match_transformers_at_every_position(model, hf):
 @pytest.mark.parametrize(
     ("mistake", "changes"),
     [
-        ("no sliding window", {"layer_windows": (None, None, None)}),
-        ("global rope base on local layers", {"local_rope": "global"}),
-        ("window one token wider", {"layer_windows": (33, 33, None)}),
-        ("head_dim attention scale", {"query_pre_attn_scalar": 32.0}),
+        ("no sliding window", lambda config: {"layer_windows": (None, None, None)}),
+        ("global rope on local layers", lambda config: {"local_rope": config.rope}),
+        ("window one token wider", lambda config: {"layer_windows": (33, 33, None)}),
+        ("head_dim attention scale", lambda config: {"query_pre_attn_scalar": float(config.head_dim)}),
     ],
 )
 def test_plausible_mistakes_change_the_logits(model, hf, mistake, changes):
     """The parity tests above would catch each of these: they move the logits far past the
     tolerance and change greedy tokens."""
-    if changes.get("local_rope") == "global":
-        changes = {"local_rope": model.config.rope}
     prompt = prompts(1, 200)[0]
     theirs = hf_logits(hf, prompt)
-    wrong = wrong_logits(model, prompt, **changes)
+    wrong = wrong_logits(model, prompt, **changes(model.config))
     assert (wrong - theirs).abs().max().item() > 1e-2, mistake
     assert not torch.equal(wrong.argmax(-1), theirs.argmax(-1)), mistake
     right = wrong_logits(model, prompt)

@@ -46,6 +46,9 @@ CASES = [
     ("tp", {"tensor_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--tensor-parallel-size"),
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
+    ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
+    ("ray-executor", {"distributed_executor_backend": "ray"}, {}, TTUnsupportedFeatureError,
+     "--distributed-executor-backend"),
     (
         "spec",
         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},

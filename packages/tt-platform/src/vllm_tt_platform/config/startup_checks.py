@@ -51,6 +51,17 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
             "--pipeline-parallel-size", parallel.pipeline_parallel_size, "1",
             "remove -pp; a TT model spreads over the mesh chosen with MESH_DEVICE (e.g. MESH_DEVICE=T3K)",
         )
+    ray = [flag for flag, value in (("--data-parallel-backend", parallel.data_parallel_backend),
+                                    ("--distributed-executor-backend", parallel.distributed_executor_backend))
+           if value == "ray"]
+    if ray:
+        raise TTUnsupportedFeatureError(
+            ray[0], "ray", "mp (vLLM's own processes)",
+            f"remove {ray[0]} ray: Ray places workers by its resources and the TT platform declares "
+            "none for Tenstorrent devices (each host's mesh is opened by that host's engine); for "
+            "several hosts use vLLM's multi-node data parallelism (--data-parallel-address, "
+            "--headless; docs/multi-host.md)",
+        )
     if vllm_config.speculative_config is not None:
         raise TTUnsupportedFeatureError(
             "--speculative-config", "set", "unset", "remove --speculative-config; speculative decoding is not supported on TT",
