@@ -38,7 +38,7 @@ DEVICE = SteadySampling(DeviceSamplingMode.ALL, DeviceSamplingCaps())
 def make_batch(*specs: tuple[str, SamplingParams], rows: int = 4) -> PersistentBatch:
     batch = PersistentBatch(1, rows)
     for req_id, params in specs:
-        batch.add(req_id, [1, 2, 3], params, [1], 3, 0)
+        batch.add(req_id, [1, 2, 3], params, ([1],), 3, 0)
     return batch
 
 
@@ -191,7 +191,7 @@ def test_tokens_of_requests_that_left_are_discarded_not_given_to_the_slots_next_
     overlap = make_overlap()
     step = submit(overlap, batch, [7, 0, 0, 0], "a")
     batch.finish("a")
-    newcomer = batch.add("b", [4, 5], GREEDY, [2], 2, 0)
+    newcomer = batch.add("b", [4, 5], GREEDY, ([2],), 2, 0)
     assert newcomer.slot == 0
     step.finalise()
     overlap.apply_ready(batch)
