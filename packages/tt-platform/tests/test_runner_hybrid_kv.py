@@ -426,3 +426,38 @@ def test_update_max_model_len_reaches_the_runner(model_dir: str) -> None:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def test_lane_numbered_blocks_become_lane_local_in_every_group() -> None:
+    """With lanes, the scheduler numbers a lane's blocks ``lane * blocks_per_lane + local`` (its
+    null block too); every layer's table holds the local ids, by global slot."""
+    from vllm_tt_platform.runner.batch import PersistentBatch
+    from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout, LayerKV
+    from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, ScheduledRow
+
+    per_lane = 50
+    shape = (per_lane, 2, BLOCK, 16)
+    layout = KVLayout(
+        (KVGroup(0, (0,), BLOCK, WINDOW, WINDOW - 1), KVGroup(1, (1,), BLOCK, None)),
+        (LayerKV(0, shape, torch.float32, 0), LayerKV(1, shape, torch.float32, 0)),
+    )
+    batch = PersistentBatch(lanes=2, rows_per_lane=1)
+    lane1 = per_lane
+    state = batch.add("a", list(range(1, 60)), SamplingParams(max_tokens=4),
+                      [[lane1 + 0, lane1 + 0, lane1 + 7, lane1 + 8], [lane1 + 3, lane1 + 4, lane1 + 5, lane1 + 6]],
+                      num_computed_tokens=0, lane=1)
+    state.num_computed_tokens = 59
+    state.output_token_ids.append(9)
+    decode = DecodeInputs.build([ScheduledRow(state, 1)], 2, 8, per_lane, layout)
+    assert decode.page_tables_per_layer is not None
+    sliding, full = decode.page_tables_per_layer
+    assert state.slot == 1 and not sliding[0].any() and not full[0].any()
+    assert sliding[1].tolist() == [0, 0, 7, 8, 0, 0, 0, 0]  # 59 - 19 = 40: the window starts in block 2
+    assert full[1].tolist() == [3, 4, 5, 6, 0, 0, 0, 0]
+    state.num_computed_tokens = 0
+    prefill = PrefillInputs.build([ScheduledRow(state, 59)], 8, per_lane, layout, decode_rows=2)
+    assert prefill.page_tables_per_layer is not None
+    assert [tuple(t.shape) for t in prefill.page_tables_per_layer] == [(2, 8), (2, 8)]
+    assert prefill.page_tables_per_layer[0][0].tolist() == [0, 0, 7, 8, 0, 0, 0, 0]  # row 0: the call's first
+    assert not prefill.page_tables_per_layer[0][1].any()
+    assert torch.equal(prefill.page_table, prefill.page_tables_per_layer[0][:1])
