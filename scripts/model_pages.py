@@ -94,6 +94,8 @@ PROOFS: tuple[Proof, ...] = (
           ARCH_PARAM, "a prefix-cache hit (prefill from start_pos 32) matches transformers"),
     Proof("supports_prefix_caching", f"{_E2E}/test_gemma3_serve.py::test_greedy_matches_transformers_past_the_window",
           ("gemma3",), "prefix-cache hits 200 tokens deep, past the sliding window, match transformers"),
+    Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_gpt_oss.py::test_prefix_cache_hit_reads_only_its_window",
+          ("gpt_oss",), "a hit on 4 cached blocks: the sliding layer reads only the blocks its window reaches"),
     Proof("single_program_lanes",
           f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
           ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),
