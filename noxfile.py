@@ -57,6 +57,15 @@ def unit(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """The full request fuzz through `vllm serve` (100 generated requests per sampling mode; the
+    default run does a short pass of the same test)."""
+    _install(session, NEWEST)
+    session.run("pytest", "tests/e2e/test_request_fuzz.py", *session.posargs,
+                env={**TEST_ENV, "TT_FUZZ_EXAMPLES": "100"})
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, then mypy over every distribution and the benchmarks (settings in pyproject.toml, [tool.mypy])."""
     _install(session, NEWEST, *LINT_TOOLS)

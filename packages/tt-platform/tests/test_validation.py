@@ -47,8 +47,6 @@ CASES = [
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
-    ("ray-executor", {"distributed_executor_backend": "ray"}, {}, TTUnsupportedFeatureError,
-     "--distributed-executor-backend"),
     (
         "spec",
         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
@@ -210,3 +208,15 @@ def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, mon
     entry = vllm.ModelRegistry.models["TTLlamaForCausalLM"]
     host = load_registry("host").resolve("TTLlamaForCausalLM").target
     assert f"{entry.module_name}:{entry.class_name}" == host != builtin
+
+
+def test_ray_executor_is_refused_where_ray_is_installed(llama):
+    """vLLM itself refuses ``--distributed-executor-backend ray`` without Ray installed (as here);
+    with Ray installed the platform's check names the flag and the multi-host alternative."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config.startup_checks import check_vllm_features
+
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=_host()).create_engine_config()
+    object.__setattr__(config.parallel_config, "distributed_executor_backend", "ray")
+    with pytest.raises(TTUnsupportedFeatureError, match="--distributed-executor-backend.*docs/multi-host.md"):
+        check_vllm_features(config)
