@@ -85,6 +85,12 @@ PROOFS: tuple[Proof, ...] = (
     Proof("supports_sample_on_device",
           f"{_HOST_TESTS}/test_host_models.py::test_device_sampling_greedy_returns_argmax_tokens",
           ("qwen3",), "prefill and decode with sampling parameters return the argmax token ids"),
+    Proof("supports_sample_on_device",
+          f"{_E2E}/test_gemma3_serve.py::test_greedy_matches_transformers_with_device_sampling_and_overlap",
+          ("gemma3",), "greedy sampled on the device equals transformers, page tables per layer included"),
+    Proof("supports_async_decode",
+          f"{_E2E}/test_gemma3_serve.py::test_greedy_matches_transformers_with_device_sampling_and_overlap",
+          ("gemma3",), "overlap stays on (a step submitted before the last is read back), outputs unchanged"),
     Proof("supports_async_decode", f"{_E2E}/test_async_overlap.py::test_real_math_overlap_matches_overlap_off",
           ("llama",), "the engine with overlapped decode generates what it generates without"),
     Proof("supports_async_decode",
@@ -340,6 +346,6 @@ def _source_matrix(source: str, features: dict[str, Feature], header: str, rule:
         lines += ["", "| | test | shows |", "|---|---|---|"]
         for test, number in refs.items():
             proofs = [p for p in PROOFS if p.test == test]
-            shown = "; ".join(p.shows for p in proofs)
+            shown = "; ".join(dict.fromkeys(p.shows for p in proofs))
             lines.append(f"| T{number} | `{proofs[0].path}` `{proofs[0].function}` | {shown} |")
     return lines
