@@ -54,7 +54,7 @@ def test_tt_series_agree_with_the_step_and_sampling_traces(tiny_checkpoint, tmp_
     step_trace, sampling_trace = tmp_path / "steps.jsonl", tmp_path / "sampling.jsonl"
     env = {"TT_STEP_TRACE": str(step_trace), "TT_SAMPLING_TRACE": str(sampling_trace)}
     args = (*SERVE_ARGS, "--api-server-count", str(api_servers))
-    with serve(tiny_checkpoint("llama"), *args, env=env, log=tmp_path / "serve.log", timeout=600) as url:
+    with serve(tiny_checkpoint("llama"), *args, env=env, log=tmp_path / "serve.log", timeout=900) as url:
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda p: complete(url, p), PROMPTS))
         complete(url, PROMPTS[0], logit_bias={"7": 5.0})  # host sampling: logit_bias

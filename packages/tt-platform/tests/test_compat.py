@@ -154,3 +154,28 @@ def test_kv_cache_groups_are_vllms_grouping_of_a_copy():
         ("SlidingWindowSpec", ["model.layers.0.self_attn", "model.layers.2.self_attn"]),
         ("FullAttentionSpec", ["model.layers.1.self_attn", "model.layers.3.self_attn"]),
     ]
+
+
+def test_tombstone_tt_metrics_side_channel():
+    """The TT metrics' own ZMQ socket stands in for a platform field in vLLM's SchedulerStats."""
+    Tombstone("vllm_tt_platform.metrics (engine -> API server ZMQ channel)", DIST).check(
+        needed_here=not compat.VLLM_STATS_CARRY_PLATFORM_STATS
+    )
+
+
+def test_vllm_drops_an_extra_scheduler_stats_field_on_the_way_to_the_api_server():
+    """The evidence: a subclass's field does not survive vLLM's engine-output encoding."""
+    from dataclasses import dataclass
+
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    @dataclass
+    class WithTT(SchedulerStats):
+        tt_steps: int = 0
+
+    sent = EngineCoreOutputs(scheduler_stats=WithTT(num_running_reqs=2, tt_steps=7))
+    received = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(sent))
+    assert received.scheduler_stats.num_running_reqs == 2
+    assert not hasattr(received.scheduler_stats, "tt_steps")

@@ -115,3 +115,18 @@ def grant_engine_cleanup_window(vllm_config: VllmConfig) -> bool:
         return False
     os.environ.setdefault(_CLEANUP_WINDOW_ENV, str(ENGINE_CLEANUP_WINDOW_S))
     return True
+
+
+def _scheduler_stats_carry_platform_stats() -> bool:
+    from dataclasses import fields
+
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    return any(word in f.name for f in fields(SchedulerStats) for word in ("platform", "plugin", "custom"))
+
+
+VLLM_STATS_CARRY_PLATFORM_STATS = _scheduler_stats_carry_platform_stats()
+"""Whether vLLM's ``SchedulerStats`` (engine core -> API server, read by stat-logger plugins) has
+a field for a platform's own stats. Through 0.33 it has none, and its msgpack decoding drops
+any extra field, so ``vllm_tt_platform.metrics`` sends the TT step deltas over its own ZMQ
+socket instead; once vLLM carries platform stats, they should ride there."""
