@@ -46,6 +46,10 @@ CASES = [
     ("tp", {"tensor_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--tensor-parallel-size"),
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
+    ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
+    ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
+     TTUnsupportedFeatureError, "--kv-transfer-config"),
+    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (
         "spec",
@@ -208,6 +212,18 @@ def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, mon
     entry = vllm.ModelRegistry.models["TTLlamaForCausalLM"]
     host = load_registry("host").resolve("TTLlamaForCausalLM").target
     assert f"{entry.module_name}:{entry.class_name}" == host != builtin
+
+
+def test_sleep_beyond_pausing_is_refused_with_the_fix():
+    """``POST /sleep?level=1`` (dev mode) reaches the worker: a typed error, not a missing method."""
+    from vllm_tt_platform.worker import TTWorker
+
+    worker = object.__new__(TTWorker)
+    with pytest.raises(TTUnsupportedFeatureError, match="level=0") as info:
+        worker.sleep(level=1)
+    assert "Fix:" in str(info.value)
+    with pytest.raises(TTUnsupportedFeatureError, match="scheduling"):
+        worker.wake_up(tags=["weights"])
 
 
 def test_ray_executor_is_refused_where_ray_is_installed(llama):

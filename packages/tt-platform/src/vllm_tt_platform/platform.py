@@ -60,6 +60,11 @@ class TTPlatform(Platform):
         whose class declares ``get_kv_cache_spec``; others give one uniform spec, one group."""
         return True
 
+    def is_sleep_mode_available(self) -> bool:
+        """vLLM asks this only for ``--enable-sleep-mode``; saying yes lets the TT startup checks
+        refuse it with a typed error naming the fix (vLLM's own refusal names neither)."""
+        return True
+
     @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
         # On TT, overlapped decode is opt-in from the CLI. Explicit --async-scheduling and

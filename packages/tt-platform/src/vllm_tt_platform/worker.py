@@ -18,6 +18,7 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_tt_platform.config.setup import resolve_setup
+from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.backend import make_backend
 from vllm_tt_platform.runner.model_runner import TTModelRunner
 
@@ -104,6 +105,20 @@ class TTWorker(WorkerBase):
 
     def take_draft_token_ids(self) -> None:
         return None
+
+    def sleep(self, level: int = 1) -> None:
+        """``POST /sleep`` (dev mode) with level >= 1: vLLM would release the weights and KV cache,
+        which on TT live on the mesh, in the model's own buffers."""
+        raise TTUnsupportedFeatureError(
+            "POST /sleep level", level, "0 (pause scheduling only; nothing leaves the mesh)",
+            "use /sleep?level=0 and /wake_up?tags=scheduling, or restart the server to free the mesh",
+        )
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        raise TTUnsupportedFeatureError(
+            "POST /wake_up tags", tags, "scheduling (only level-0 sleep exists on TT)",
+            "use /wake_up?tags=scheduling",
+        )
 
     def check_health(self) -> None:
         if self.mesh_device is None:

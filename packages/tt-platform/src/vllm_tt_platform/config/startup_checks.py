@@ -70,9 +70,21 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
         raise TTUnsupportedFeatureError(
             "--enable-lora", True, "off", "remove --enable-lora; LoRA adapters are not supported on TT",
         )
+    if vllm_config.kv_transfer_config is not None:
+        raise TTUnsupportedFeatureError(
+            "--kv-transfer-config", "set", "unset",
+            "remove --kv-transfer-config; vLLM's KV connectors copy blocks in vLLM's own tensor layout, "
+            "while the TT KV cache lives on the mesh in the model's (one server prefills and decodes)",
+        )
     model = vllm_config.model_config
     if model is None:
         return
+    if model.enable_sleep_mode:
+        raise TTUnsupportedFeatureError(
+            "--enable-sleep-mode", True, "off",
+            "remove --enable-sleep-mode; the weights and KV cache live on the mesh in the model's own "
+            "buffers, which cannot be released and restored (restart the server to free the mesh)",
+        )
     if model.is_encoder_decoder:
         raise TTUnsupportedFeatureError(
             "--model", model.model, "a decoder-only model", "encoder-decoder models are not supported on TT",
