@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections import Counter
 from typing import Any
 
@@ -19,8 +20,8 @@ from vllm_tt_testing.scheduler_sim import SimConfig, build_scheduler, make_reque
 
 
 def problems(touch: Touch, instance: object | None = None) -> list[str]:
-    """The names of ``touch`` the installed vLLM lacks: not a dataclass field, not on the class,
-    not on ``instance``."""
+    """The names of ``touch`` the installed vLLM lacks (not a dataclass field, not on the class,
+    not on ``instance``), and the keywords of its calls no signature takes."""
     module_name, _, class_name = touch.owner.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if cls is None:
@@ -30,7 +31,12 @@ def problems(touch: Touch, instance: object | None = None) -> list[str]:
     def found(name: str) -> bool:
         return name in fields or hasattr(cls, name) or (instance is not None and hasattr(instance, name))
 
-    return [f"{class_name}.{name}" for name in touch.names if not found(name)]
+    missing = [f"{class_name}.{name}" for name in touch.names if not found(name)]
+    for method, keywords in touch.calls:
+        if found(method):
+            parameters = inspect.signature(getattr(cls, method)).parameters
+            missing += [f"{class_name}.{method}({kw}=)" for kw in keywords if kw not in parameters]
+    return missing
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,9 @@ def test_a_renamed_attribute_or_class_is_named(instances: dict[str, Any]) -> Non
     assert problems(renamed, instances["Request"]) == ["Request.num_tokenz", "Request.statuss"]
     field = Touch("vllm.v1.core.sched.output:SchedulerOutput", reads=(), writes=("finished_req_idz",))
     assert problems(field) == ["SchedulerOutput.finished_req_idz"]
+    keyword = Touch("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator", reads=(),
+                    calls=(("get_num_blocks_to_allocate", ("num_tokens", "num_tokenz")),))
+    assert problems(keyword) == ["KVCacheCoordinator.get_num_blocks_to_allocate(num_tokenz=)"]
     gone = Touch("vllm.v1.request:Requestz", reads=("status",))
     assert problems(gone) == ["vllm.v1.request:Requestz: no such class"]
 

@@ -28,10 +28,12 @@ class Touch:
     """Attributes, methods and fields read (or called, or mutated in place)."""
     writes: tuple[str, ...] = ()
     """Attributes assigned: for a pass (restored after it), or for good."""
+    calls: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Methods called with keywords: (method, the keywords passed), checked against its signature."""
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (*self.reads, *self.writes)
+        return (*self.reads, *self.writes, *(method for method, _ in self.calls))
 
 
 VLLM_SURFACE: tuple[Touch, ...] = (
@@ -44,7 +46,7 @@ VLLM_SURFACE: tuple[Touch, ...] = (
             "requests", "pause_state", "finished_req_ids", "finished_req_ids_dict",
             "reset_preempted_req_ids", "finished_recving_kv_req_ids", "grammar_compile_error_reqs",
             "num_waiting_for_streaming_input", "prev_step_scheduled_req_ids", "use_v2_model_runner",
-            "scheduler_reserve_full_isl", "block_size", "max_model_len",
+            "scheduler_reserve_full_isl", "max_model_len",
             # read by vLLM's engine core from any scheduler (the coordinator sets them to None)
             "connector", "ec_connector",
             # methods called on the base class or on each lane
@@ -88,7 +90,13 @@ VLLM_SURFACE: tuple[Touch, ...] = (
           reads=("block_pool", "watermark_blocks", "coordinator", "empty_kv_cache_blocks")),
     Touch("vllm.v1.core.kv_cache_manager:KVCacheBlocks", reads=("blocks",)),
     # KVFit counts a waiting request's blocks the way allocate_slots does
-    Touch("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator", reads=("get_num_blocks_to_allocate",)),
+    Touch(
+        "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator",
+        reads=(),
+        calls=(("get_num_blocks_to_allocate", (
+            "request_id", "num_tokens", "new_computed_blocks", "num_encoder_tokens", "total_computed_tokens",
+            "num_local_computed_tokens", "num_tokens_main_model", "apply_admission_cap", "prefill_end")),),
+    ),
     Touch("vllm.v1.core.block_pool:BlockPool", reads=("get_num_free_blocks", "num_gpu_blocks")),
     Touch("vllm.v1.core.encoder_cache_manager:EncoderCacheManager", reads=("freed",)),
     Touch("vllm.v1.kv_cache_interface:KVCacheConfig", reads=("kv_cache_groups", "num_blocks")),
