@@ -34,7 +34,7 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
+def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600.0,
                   log: Path | None = None) -> Iterator[Server]:
     """Run ``vllm serve`` on 127.0.0.1 in its own process group and yield it once /health
     answers; afterwards it is stopped and nothing of its tree is left running."""
@@ -72,7 +72,7 @@ def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, ti
 
 
 @contextlib.contextmanager
-def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240.0,
+def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600.0,
           log: Path | None = None) -> Iterator[str]:
     """Run ``vllm serve`` on 127.0.0.1 and yield its base URL once /health answers."""
     with serve_process(model, *args, env=env, timeout=timeout, log=log) as server:

@@ -77,5 +77,5 @@ def test_log_names_the_lane_topology(lane_server) -> None:
     _, log, _ = lane_server
     text = Path(log).read_text()
     assert "Data parallelism as in-process lanes" in text
-    assert "4 lanes x 8 rows on (8,4) split into (2,4) sub-meshes" in text
+    assert "1 host x 4 lanes x 8 rows, each host's mesh (8,4) split into (2,4) sub-meshes" in text
     assert "TT lane coordinator: 4 lanes x 8 rows" in text

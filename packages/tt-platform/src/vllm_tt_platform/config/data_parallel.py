@@ -111,9 +111,9 @@ def _fold_into_lanes(vllm_config: VllmConfig, tt: MutableMapping[str, Any], arch
     parallel.data_parallel_size_local = 1
     parallel.data_parallel_rank = start // lanes
     logger.info(
-        "Data parallelism as in-process lanes: %s declares single_program_lanes; %d host(s) x %d lanes x "
+        "Data parallelism as in-process lanes: %s declares single_program_lanes; %d host%s x %d lanes x "
         "%d rows, each host's mesh %s split into %s sub-meshes, one engine process per host%s.",
-        arch, hosts, lanes, shape.rows_per_lane, mesh.shape, sub,
+        arch, hosts, "s" if hosts > 1 else "", lanes, shape.rows_per_lane, mesh.shape, sub,
         f" (this host: DP rank {parallel.data_parallel_rank})" if hosts > 1 else "",
     )
 
