@@ -376,10 +376,9 @@ def test_wrong_variants_change_outputs(gpt_oss_dir, hf_gpt_oss, monkeypatch, wro
             return experts, weights
         monkeypatch.setattr(moe, "route", all_experts)
     elif wrong == "no_yarn":
-        decoder.rotaries = tuple(
-            RotaryEmbedding(1.0 / model.config.rope.theta ** (torch.arange(0, 32, 2).float() / 32))
-            for _ in decoder.rotaries
-        )
+        dim = model.config.head_dim
+        plain = RotaryEmbedding(1.0 / model.config.rope.theta ** (torch.arange(0, dim, 2).float() / dim))
+        decoder.rotaries = tuple(plain for _ in decoder.rotaries)
     else:
         decoder.config = dataclasses.replace(decoder.config, layer_windows=(None, None))
     runner = HybridRunner(model, seed=4)
