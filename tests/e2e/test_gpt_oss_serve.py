@@ -83,7 +83,7 @@ def test_galaxy_lanes_serve_greedy_matches_transformers(gpt_oss_dir, prompts_and
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             got = list(pool.map(complete, prompts))
-    text = log.read_text()
-    assert f"{LANES} lanes x {ROWS} rows on (8,4)" in text
     bad = _mismatches(prompts, got, expected)
     assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+    text = log.read_text()
+    assert f"{LANES} lanes x {ROWS} rows" in text and "sliding(W=32) layers [0]; full layers [1]" in text
