@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from vllm_tt_platform.host.tiny import TOKENIZER_VOCAB
 
 from tests.e2e.helpers import serve
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = int(os.environ.get("TT_FUZZ_EXAMPLES", "12"))
 MAX_MODEL_LEN = 256
-VOCAB = 2048
+VOCAB = TOKENIZER_VOCAB
 """The tiny checkpoint's vocabulary size: token ids at and past it are out of range."""
 MODES = {
     "device-sampling": ("--additional-config.tt.sample_on_device_mode", "all"),
@@ -188,6 +189,11 @@ def assert_still_serving(url: str, log: Path) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=request)
+# Found by this test: HTTP 500 when the grammar allowed none of the allowed_token_ids (now a 400).
+@example(case=("/v1/completions", {"model": "tiny", "prompt": "0", "allowed_token_ids": [0],
+                                   "structured_outputs": {"json": {}}}))
+@example(case=("/v1/completions", {"model": "tiny", "prompt": "0", "allowed_token_ids": [5, 6],
+                                   "response_format": {"type": "json_object"}}))
 def test_every_request_gets_a_result_or_a_client_error(server: str, case: tuple[str, dict[str, Any]]) -> None:
     path, payload = case
     status, text = send(server, path, payload)

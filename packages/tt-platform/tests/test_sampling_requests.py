@@ -101,3 +101,16 @@ def test_configure_installs_rules_of_a_model_without_prompt_logprobs(
     assert request_checks._installed.prompt_logprobs is False
     with pytest.raises(TTUnsupportedRequestError, match="prompt_logprobs"):
         check_request(SamplingParams(prompt_logprobs=0))
+
+
+def test_allowed_token_ids_with_structured_outputs_is_refused():
+    # Found by tests/e2e/test_request_fuzz.py: HTTP 500 once the grammar rejected the only
+    # allowed token.
+    from vllm.sampling_params import StructuredOutputsParams
+
+    constrained = SamplingParams(allowed_token_ids=[5, 6], structured_outputs=StructuredOutputsParams(json_object=True))
+    with pytest.raises(TTUnsupportedRequestError, match="allowed_token_ids cannot be combined") as err:
+        check_request(constrained, WITH)
+    assert isinstance(err.value, VLLMClientError) and err.value.parameter == "allowed_token_ids"
+    check_request(SamplingParams(allowed_token_ids=[5, 6]), WITH)
+    check_request(SamplingParams(structured_outputs=StructuredOutputsParams(regex="[ab]+")), WITH)

@@ -64,6 +64,15 @@ def check_request(params: Any, rules: RequestRules | None = None) -> None:
             "the host sampler applies it. Remove thinking_token_budget from the request.",
             parameter="thinking_token_budget", value=params.thinking_token_budget,
         )
+    if params.allowed_token_ids and params.structured_outputs is not None:
+        # A grammar that allows none of the listed tokens leaves nothing to sample; vLLM then
+        # ends the request with an internal error (HTTP 500) after the grammar rejects a token.
+        raise TTUnsupportedRequestError(
+            "allowed_token_ids cannot be combined with structured outputs (response_format, "
+            "structured_outputs) on the TT backend: the grammar may allow none of the listed "
+            "tokens. Remove allowed_token_ids, or the structured output constraint.",
+            parameter="allowed_token_ids", value=params.allowed_token_ids,
+        )
     if params.prompt_logprobs is not None and rules is not None and not rules.prompt_logprobs:
         raise TTUnsupportedRequestError(
             f"prompt_logprobs is not supported by {rules.arch}: the model returns only the last "
