@@ -46,6 +46,7 @@ FEATURES: dict[str, Feature] = {
     "max_device_logprobs": Feature("Device logprobs (top n)", "sampling.md#logprobs"),
     "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
+    "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,12 +33,12 @@ def test_list_shows_every_arch_source_target_and_capabilities() -> None:
     result = run("list")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("TT models for mesh backend 'ttnn': 15 architectures")
+    assert out.startswith("TT models for mesh backend 'ttnn': 16 architectures")
     assert "\nTTQwen3_5ForConditionalGeneration\n  source:       builtin\n" in out
     assert "  target:       models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM\n" in out
     assert (
-        "class not importable here (ModuleNotFoundError: No module named 'models'); declared: single_program_lanes"
-        in out
+        "class not importable here (ModuleNotFoundError: No module named 'models'); declared: "
+        "kv_cache_kinds=['full_attention', 'sliding_window'], single_program_lanes" in out
     )
 
 

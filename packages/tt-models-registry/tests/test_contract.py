@@ -154,6 +154,8 @@ def test_overrides_win_over_class_capabilities(generator_cls: type) -> None:
         ({"max_device_top_k": 3.5}, "must be an int"),
         ({"max_device_top_k": True}, "must be an int"),
         ({"prefill_trace_lens": [128, 0]}, "positive ints"),
+        ({"kv_cache_kinds": ["paged"]}, "kv_cache_kinds.*full_attention, sliding_window, mla, recurrent_state"),
+        ({"kv_cache_kinds": []}, "non-empty list"),
     ],
 )
 def test_bad_class_capabilities_name_the_class(generator_cls: type, raw: Any, match: str) -> None:
@@ -162,6 +164,14 @@ def test_bad_class_capabilities_name_the_class(generator_cls: type, raw: Any, ma
         check_model_class(broken, owner="bundle B")
     assert "class Broken.model_capabilities" in str(info.value)
     assert str(info.value).startswith("bundle B: ")
+
+
+def test_kv_cache_kinds_default_to_full_attention_and_keep_one_order() -> None:
+    assert ModelCapabilities().kv_cache_kinds == ("full_attention",)
+    caps = ModelCapabilities.from_mapping({"kv_cache_kinds": ["sliding_window", "full_attention"]}, owner="t")
+    assert caps.kv_cache_kinds == ("full_attention", "sliding_window")
+    schema = ModelCapabilities.json_schema()["properties"]["kv_cache_kinds"]
+    assert schema["items"]["enum"] == ["full_attention", "sliding_window", "mla", "recurrent_state"]
 
 
 def test_unknown_class_capability_keys_are_ignored() -> None:

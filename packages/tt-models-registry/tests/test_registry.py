@@ -76,7 +76,9 @@ def test_default_variants_and_declared_lanes() -> None:
         registry.resolve("TTQwen3ForCausalLM").target
         == "models.tt_transformers.tt.generator_vllm:QwenForCausalLM"
     )
-    assert dict(registry.resolve("TTGptOssForCausalLM").overrides) == {"single_program_lanes": True}
+    assert dict(registry.resolve("TTGptOssForCausalLM").overrides) == {
+        "single_program_lanes": True, "kv_cache_kinds": ("full_attention", "sliding_window"),
+    }
     assert registry.resolve("TTLlamaForCausalLM").overrides == ()
 
 

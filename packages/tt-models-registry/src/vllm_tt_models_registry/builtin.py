@@ -21,6 +21,10 @@ _LANES: Mapping[str, Any] = MappingProxyType({"single_program_lanes": True})
 """Declared for models that run one program over the whole mesh with a KV cache per lane.
 tt-metal's classes do not declare this key yet, so the table states it for them."""
 
+_SLIDING = ("full_attention", "sliding_window")
+"""KV kinds of the families interleaving sliding-window and global layers (``kv_cache_kinds``,
+stated here too: tt-metal's classes do not declare it)."""
+
 
 @dataclass(frozen=True)
 class BuiltinTarget:
@@ -80,7 +84,8 @@ BUILTIN_FAMILIES: tuple[BuiltinFamily, ...] = (
     BuiltinFamily(
         "Qwen 3.5 / 3.6",
         ("Qwen3_5ForConditionalGeneration",),
-        _one("models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM"),
+        _one("models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM",
+             kv_cache_kinds=("full_attention", "recurrent_state")),
     ),
     BuiltinFamily(
         "Qwen2.5-VL",
@@ -101,7 +106,7 @@ BUILTIN_FAMILIES: tuple[BuiltinFamily, ...] = (
     BuiltinFamily(
         "Gemma 3",
         ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
-        _one(f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration"),
+        _one(f"{_TT_TRANSFORMERS}:Gemma3ForConditionalGeneration", kv_cache_kinds=_SLIDING),
     ),
     BuiltinFamily(
         "Gemma 4",
@@ -110,16 +115,16 @@ BUILTIN_FAMILIES: tuple[BuiltinFamily, ...] = (
             "Gemma4ForConditionalGeneration",
             "Gemma4UnifiedForConditionalGeneration",
         ),
-        _one("models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM"),
+        _one("models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM", kv_cache_kinds=_SLIDING),
     ),
     BuiltinFamily(
         "DeepSeek V3",
         ("DeepseekV3ForCausalLM",),
-        _one("models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM"),
+        _one("models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM", kv_cache_kinds=("mla",)),
     ),
     BuiltinFamily(
         "GPT-OSS",
         ("GptOssForCausalLM",),
-        _one(f"{_TT_TRANSFORMERS}:GptOssForCausalLM", **_LANES),
+        _one(f"{_TT_TRANSFORMERS}:GptOssForCausalLM", **_LANES, kv_cache_kinds=_SLIDING),
     ),
 )

@@ -10,6 +10,10 @@ from vllm_tt_models_registry.errors import ContractError
 
 _FIX = "declare model_capabilities as a dict of the ModelCapabilities fields with those types"
 
+KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state")
+"""The KV cache kinds a model may hold: vLLM's full-attention, sliding-window, latent-attention
+(MLA) and recurrent-state (Mamba-family) specs."""
+
 
 @dataclass(frozen=True)
 class ModelCapabilities:
@@ -41,6 +45,9 @@ class ModelCapabilities:
     such requests are rejected up front instead of silently getting none."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
+    kv_cache_kinds: tuple[str, ...] = ("full_attention",)
+    """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
+    needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, *, owner: str) -> ModelCapabilities:
@@ -66,6 +73,15 @@ class ModelCapabilities:
                         _FIX,
                     )
                 value = tuple(sorted(value))
+            elif f.name == "kv_cache_kinds":
+                if not isinstance(value, (list, tuple)) or not value or not all(v in KV_CACHE_KINDS for v in value):
+                    raise ContractError(
+                        owner,
+                        f"model_capabilities['kv_cache_kinds'] must be a non-empty list of "
+                        f"{', '.join(KV_CACHE_KINDS)}, got {value!r}",
+                        _FIX,
+                    )
+                value = tuple(v for v in KV_CACHE_KINDS if v in value)
             elif f.type == "bool" and not isinstance(value, bool):
                 raise ContractError(
                     owner,
@@ -107,6 +123,8 @@ class ModelCapabilities:
                 props[f.name] = {"type": "boolean"}
             elif f.type == "int":
                 props[f.name] = {"type": "integer", "minimum": 0}
+            elif f.name == "kv_cache_kinds":
+                props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(KV_CACHE_KINDS)}}
             else:
                 props[f.name] = {"type": "array", "items": {"type": "integer", "minimum": 1}}
         return {"type": "object", "additionalProperties": False, "properties": props}

@@ -10,7 +10,7 @@ table per layer (``page_tables_per_layer``), which the decoder reads layer by la
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.generator import HostCausalLM
@@ -29,6 +29,10 @@ def layer_name(layer: int) -> str:
 
 class HybridKVCausalLM(HostCausalLM):
     """A decoder whose ``DecoderConfig.layer_windows`` name a window on some layers."""
+
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        **HostCausalLM.model_capabilities, "kv_cache_kinds": ["full_attention", "sliding_window"],
+    }
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
