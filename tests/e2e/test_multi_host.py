@@ -1,0 +1,183 @@
+"""Past one host: vLLM's multi-node data parallelism on TT, two process trees on loopback as two
+hosts (a head serving the OpenAI API, a ``--headless`` host running engines only).
+
+1. a dense model (no ``single_program_lanes``), 2 ranks, one per host: 32 concurrent greedy
+   requests through the head equal HF, and both hosts' engines served some;
+2. a lanes model on ``MESH_DEVICE=TG`` with ``--data-parallel-size 8 --data-parallel-size-local 4``:
+   one engine process per host of 4 lanes each, 64 concurrent greedy requests equal their
+   single-request outputs, both hosts decoded;
+What vLLM 0.33 does when a headless host dies is measured, not promised: docs/multi-host.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import free_port, hf_greedy, vllm_command
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+
+
+@dataclass
+class Hosts:
+    url: str
+    head: subprocess.Popen
+    headless: subprocess.Popen
+    head_log: Path
+    headless_log: Path
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(vllm_command("serve", *args), env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def two_hosts(model: Path, root: Path, dp: int, local: int, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 420.0) -> Iterator[Hosts]:
+    """Head (ranks 0..local-1, OpenAI server) and one headless host (the next ``local`` ranks)."""
+    port, rpc = free_port(), free_port()
+    full_env = {**os.environ, "TT_MESH_BACKEND": "host", "VLLM_HOST_IP": "127.0.0.1", **(env or {})}
+    common = [str(model), "--data-parallel-size", str(dp), "--data-parallel-size-local", str(local),
+              "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc), *args]
+    head_log, headless_log = root / "head.log", root / "headless.log"
+    head = _start([*common, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+                   "--api-server-count", "1"], full_env, head_log)
+    headless = _start([*common, "--headless", "--data-parallel-start-rank", str(local)], full_env, headless_log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc, log in ((head, head_log), (headless, headless_log)):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{log.stem} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the head did not become healthy in {timeout}s")
+            time.sleep(2)
+        yield Hosts(url, head, headless, head_log, headless_log)
+    finally:
+        _stop(headless)
+        _stop(head)
+
+
+def _client(url: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def _requests(count: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"prompt": [rng.randrange(3, 1000) for _ in range(rng.randint(4, 80))], "max_tokens": rng.randint(4, 10)}
+            for _ in range(count)]
+
+
+def _complete(client: Any, request: dict[str, Any]) -> list[int]:
+    result = client.completions.create(model="tiny", **request, **GREEDY).model_dump()
+    return result["choices"][0]["token_ids"]
+
+
+def _concurrently(client: Any, requests: list[dict[str, Any]]) -> list[list[int]]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        return list(pool.map(lambda r: _complete(client, r), requests))
+
+
+def _finished_per_engine(url: str) -> dict[str, float]:
+    """``vllm:request_success_total`` summed per engine index, from the head's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    per_engine: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            engine = re.search(r'engine="(\d+)"', line)
+            if engine:
+                per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return per_engine
+
+
+def _engine_processes(proc: subprocess.Popen) -> list[str]:
+    import psutil
+
+    children = psutil.Process(proc.pid).children(recursive=True)
+    return [c.name() for c in children if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def dense_bundle(tmp_path_factory) -> Path:
+    """The tiny Llama served by a model without single_program_lanes: vLLM's own DP ranks."""
+    root = tmp_path_factory.mktemp("dense_bundles")
+    bundle = root / "dense_llama_multi_host"
+    bundle.mkdir()
+    (bundle / "vllm_metadata.json").write_text(
+        json.dumps({"arch": "LlamaForCausalLM", "main_class": "dense_llama_multi_host:DenseLlama"}))
+    (bundle / "dense_llama_multi_host.py").write_text(textwrap.dedent("""
+        from vllm_tt_platform.host.models.families import HostLlamaForCausalLM
+
+        class DenseLlama(HostLlamaForCausalLM):
+            model_capabilities = {**HostLlamaForCausalLM.model_capabilities, "single_program_lanes": False}
+    """))
+    return root
+
+
+def test_dense_ranks_on_two_hosts_equal_hf(tiny_checkpoint, dense_bundle, tmp_path):
+    model = tiny_checkpoint("llama")
+    requests = _requests(32, seed=11)
+    with two_hosts(model, tmp_path, 2, 1, "--max-num-seqs", "8", "--max-model-len", "256",
+                   env={"EXTRA_MODELS_DIR": str(dense_bundle)}) as hosts:
+        got = _concurrently(_client(hosts.url), requests)
+        served = _finished_per_engine(hosts.url)
+    expected = [hf_greedy(model, [r["prompt"]], r["max_tokens"])[0] for r in requests]
+    assert got == expected
+    assert set(served) == {"0", "1"} and all(v > 0 for v in served.values()), served
+    assert "DP rank 0 (local 0 of 1): sub-mesh (1,1), devices [0]" in hosts.head_log.read_text()
+    assert "DP rank 1 (local 0 of 1): sub-mesh (1,1), devices [0]" in hosts.headless_log.read_text()
+
+
+def test_lanes_on_every_host(tiny_checkpoint, tmp_path):
+    model = tiny_checkpoint("llama")
+    requests = _requests(64, seed=12)
+    with two_hosts(model, tmp_path, 8, 4, "--max-num-seqs", "8", "--max-model-len", "256",
+                   env={"MESH_DEVICE": "TG"}) as hosts:
+        engines = {"head": _engine_processes(hosts.head), "headless": _engine_processes(hosts.headless)}
+        client = _client(hosts.url)
+        alone = [_complete(client, r) for r in requests[:4]]
+        together = _concurrently(client, requests)
+        served = _finished_per_engine(hosts.url)
+    assert together[:4] == alone
+    expected = [hf_greedy(model, [r["prompt"]], r["max_tokens"])[0] for r in requests[:8]]
+    assert together[:8] == expected
+    assert [len(v) for v in engines.values()] == [1, 1], engines
+    assert set(served) == {"0", "1"} and all(v > 0 for v in served.values()), served
+    for log in (hosts.head_log, hosts.headless_log):
+        assert "2 hosts x 4 lanes x 8 rows" in log.read_text()
