@@ -12,6 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm import SamplingParams
 from vllm.v1.outputs import AsyncModelRunnerOutput
+from vllm_tt_platform.faults import DelayPoint, Faults
+from vllm_tt_platform.host.device import HostMeshDevice
+from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_platform.runner import async_decode
 from vllm_tt_platform.runner.async_decode import (
     DecodeOverlap,
@@ -22,14 +25,11 @@ from vllm_tt_platform.runner.async_decode import (
     event_synchronizer,
     overlap_for,
 )
-from vllm_tt_platform.faults import DelayPoint, Faults
-from vllm_tt_testing.faults import ScriptedFaults
 from vllm_tt_platform.runner.batch import PersistentBatch
-from vllm_tt_platform.host.device import HostMeshDevice
-from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_platform.runner.model_output import ModelOutput
 from vllm_tt_platform.runner.step import ScheduledRow
 from vllm_tt_sampling.decision import DeviceSamplingCaps, DeviceSamplingMode
+from vllm_tt_testing.faults import ScriptedFaults
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=100)
 DEVICE = SteadySampling(DeviceSamplingMode.ALL, DeviceSamplingCaps())

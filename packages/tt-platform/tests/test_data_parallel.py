@@ -11,7 +11,6 @@ from vllm_tt_platform.config.data_parallel import LOCAL_RANKS_KEY
 from vllm_tt_platform.errors import TTConfigError
 
 
-
 @pytest.fixture(scope="module")
 def llama(tiny_checkpoint):
     return tiny_checkpoint("llama")

@@ -6,7 +6,6 @@ import logging
 import sys
 
 import pytest
-
 from vllm_tt_platform import detect
 
 

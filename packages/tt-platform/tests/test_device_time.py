@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from vllm_tt_platform.faults import DelayPoint
-from vllm_tt_testing.faults import ScriptedFaults
 from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.faults import DelayPoint
+from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
+from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
 from vllm_tt_platform.host.device_time import (
     CHIPS,
     MODEL_PROFILES,
@@ -18,10 +20,8 @@ from vllm_tt_platform.host.device_time import (
     ModelDims,
     parse_device_time,
 )
-from vllm_tt_platform.errors import TTConfigError
-from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
-from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
 from vllm_tt_platform.mesh.shape import MESH_PRESETS, MeshShape
+from vllm_tt_testing.faults import ScriptedFaults
 
 TINY = ModelDims(2, 128, 256, 4, 2, 32, 1024, tied_embeddings=True)
 

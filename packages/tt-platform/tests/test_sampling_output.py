@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm.sampling_params import SamplingParams
+from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError, is_host_output, parse
 from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
@@ -19,7 +20,6 @@ from vllm_tt_platform.runner.sampling_output import (
     from_host,
     positions,
 )
-from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 from vllm_tt_platform.runner.sampling_trace import (
     JsonlSamplingTrace,
     NullSamplingTrace,

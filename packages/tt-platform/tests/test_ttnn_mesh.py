@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 import ttnn
-from vllm_tt_platform.mesh.backend import make_backend
-from vllm_tt_platform.mesh.shape import MeshRequest
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTDeviceNotFoundError
-from vllm_tt_platform.mesh.shape import GALAXY_PRESETS, MESH_PRESETS, MeshShape
+from vllm_tt_platform.mesh.backend import make_backend
+from vllm_tt_platform.mesh.shape import GALAXY_PRESETS, MESH_PRESETS, MeshRequest, MeshShape
 from vllm_tt_platform.mesh.ttnn_mesh import (
     CLUSTER_FABRIC,
     DISPATCH_AXES,

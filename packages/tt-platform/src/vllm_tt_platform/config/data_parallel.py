@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.logger import init_logger
 from vllm_tt_scheduler.lanes.shape import LaneShape
@@ -51,7 +51,7 @@ class HostRank:
 
 def fold(vllm_config: VllmConfig, single_program_lanes: bool, arch: str) -> None:
     """Apply the rule above to ``vllm_config`` (idempotent: a second call changes nothing)."""
-    tt = vllm_config.additional_config["tt"]
+    tt = cast(dict[str, Any], vllm_config.additional_config)["tt"]  # configure() made it a dict
     parallel = vllm_config.parallel_config
     if LaneShape.recorded(tt) or LOCAL_RANKS_KEY in tt or parallel.data_parallel_size <= 1:
         return
@@ -63,7 +63,8 @@ def fold(vllm_config: VllmConfig, single_program_lanes: bool, arch: str) -> None
 
 def host_rank(vllm_config: VllmConfig) -> HostRank | None:
     """The dense DP rank this process serves, or None when the host mesh is not split."""
-    tt = vllm_config.additional_config.get("tt") or {}
+    extra = vllm_config.additional_config
+    tt = (extra.get("tt") if isinstance(extra, dict) else None) or {}
     count = tt.get(LOCAL_RANKS_KEY)
     if count is None:
         return None

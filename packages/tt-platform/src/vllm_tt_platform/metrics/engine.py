@@ -23,11 +23,16 @@ FLUSH_INTERVAL_S = 0.25
 class OverlapCounts(Protocol):
     """What the metrics read of the runner's ``OverlapStats`` (running totals)."""
 
-    submitted: int
-    overlapped: int
-    drains: Mapping[str, int]
-    not_overlapped: Mapping[str, int]
-    discarded_tokens: int
+    @property
+    def submitted(self) -> int: ...
+    @property
+    def overlapped(self) -> int: ...
+    @property
+    def drains(self) -> Mapping[str, int]: ...
+    @property
+    def not_overlapped(self) -> Mapping[str, int]: ...
+    @property
+    def discarded_tokens(self) -> int: ...
 
 
 class StepMetrics(Protocol):

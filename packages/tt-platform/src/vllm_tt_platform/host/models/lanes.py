@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_tt_platform.host.device_time import ProgramCosts
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.device import HostMeshDevice
+from vllm_tt_platform.host.device_time import ProgramCosts
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_platform.host.device_time import ProgramCosts
 from vllm_tt_platform.host.command_queue import CommandQueue, DeviceFuture
+from vllm_tt_platform.host.device_time import ProgramCosts
 
 
 class DeviceReadError(RuntimeError):
