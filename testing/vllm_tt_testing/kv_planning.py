@@ -22,11 +22,13 @@ def plan_kv_cache(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], num_blo
     cache_config.num_gpu_blocks_override = num_blocks
     available = num_blocks * sum(s.page_size_bytes for s in spec.values())
     try:
+        # The engine core's order: the layout first (every supported vLLM), then the plan.
+        from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+        resolve_kv_cache_layout(vllm_config, [TT_KV_CACHE_LAYOUTS], list(spec.values()))
         if importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is not None:  # vLLM 0.33+
-            from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
             from vllm.v1.core import kv_cache_planning as planning
 
-            resolve_kv_cache_layout(vllm_config, [TT_KV_CACHE_LAYOUTS], list(spec.values()))
             groups = planning.get_global_kv_cache_groups(vllm_config, [spec])
             return planning.get_kv_cache_configs(vllm_config, [spec], [available], groups)[0]
         legacy: Any = importlib.import_module("vllm.v1.core.kv_cache_utils")  # vLLM 0.31 / 0.32
