@@ -388,7 +388,10 @@ def test_wrong_variants_change_outputs(gpt_oss_dir, hf_gpt_oss, monkeypatch, wro
     with torch.no_grad():
         theirs = hf_gpt_oss(torch.tensor([prompt])).logits[0]
     changed = (out[0].argmax(-1) != theirs.argmax(-1)).float().mean()
-    assert (out[0] - theirs).abs().max() > 0.5 and changed > 0.02, (wrong, float(changed))
+    assert (out[0] - theirs).abs().max() > 0.5, wrong  # parity elsewhere is ~5e-6
+    # Sinks move logits by up to ~4 but whether that flips a greedy token depends on the trained
+    # weights, which differ with the torch thread count (0% and 4% of positions measured).
+    assert wrong == "no_sinks" or changed > 0.02, (wrong, float(changed))
 
 
 def test_kv_cache_spec_names_each_layer_kind(gpt_oss_dir):
