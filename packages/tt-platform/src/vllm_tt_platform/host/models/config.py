@@ -34,6 +34,49 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """Heads, KV heads, head size and layer count: what every family reads the same way."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def read(
+        cls, hf_config: Any, *, n_layers: int | None = None, head_dim_required: bool = False
+    ) -> AttentionShape:
+        """Read and check the shape; ``n_layers`` keeps only the first layers (tt-metal's test
+        hook). Without ``head_dim_required`` a missing ``head_dim`` means hidden / heads;
+        ``num_key_value_heads`` absent means multi-head attention."""
+        model = model_name(hf_config)
+        heads = positive_int(hf_config, "num_attention_heads", model)
+        kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+        if heads % kv_heads:
+            raise TTConfigError(
+                f"{model}: num_key_value_heads",
+                kv_heads,
+                f"a divisor of num_attention_heads={heads}",
+                "check the checkpoint's config.json",
+            )
+        if head_dim_required:
+            head_dim = positive_int(hf_config, "head_dim", model)
+        else:
+            hidden = positive_int(hf_config, "hidden_size", model)
+            head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
+        if head_dim % 2:
+            raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
+        layers = positive_int(hf_config, "num_hidden_layers", model)
+        if n_layers is not None:
+            if not 0 < n_layers <= layers:
+                raise TTConfigError(
+                    "n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model"
+                )
+            layers = n_layers
+        return cls(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+@dataclass(frozen=True)
 class DecoderConfig:
     family: str
     vocab_size: int
@@ -74,43 +117,27 @@ class DecoderConfig:
         """Read ``hf_config`` (a transformers config or anything with the same attributes)."""
         if family not in FAMILIES:
             raise ValueError(f"family={family!r} is not one of {', '.join(FAMILIES)}")
-        model = _model_name(hf_config)
+        model = model_name(hf_config)
         _reject_sliding_window(hf_config, model)
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise TTUnsupportedFeatureError(
                 f"{model}: hidden_act", act, "silu", "serve this model with a ttnn mesh"
             )
-        heads = _positive_int(hf_config, "num_attention_heads", model)
-        kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
-        if heads % kv_heads:
-            raise TTConfigError(
-                f"{model}: num_key_value_heads",
-                kv_heads,
-                f"a divisor of num_attention_heads={heads}",
-                "check the checkpoint's config.json",
-            )
-        hidden = _positive_int(hf_config, "hidden_size", model)
-        head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
-        layers = _positive_int(hf_config, "num_hidden_layers", model)
-        if n_layers is not None:
-            if not 0 < n_layers <= layers:
-                raise TTConfigError(
-                    "n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model"
-                )
-            layers = n_layers
+        shape = AttentionShape.read(hf_config, n_layers=n_layers)
+        hidden = positive_int(hf_config, "hidden_size", model)
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
             family=family,
-            vocab_size=_positive_int(hf_config, "vocab_size", model),
+            vocab_size=positive_int(hf_config, "vocab_size", model),
             hidden_size=hidden,
-            intermediate_size=_positive_int(hf_config, "intermediate_size", model),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            intermediate_size=positive_int(hf_config, "intermediate_size", model),
+            num_layers=shape.num_layers,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
             rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
-            rope=_rope_config(hf_config, model, head_dim),
+            rope=_rope_config(hf_config, model),
             max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=True if family == "qwen2" else attention_bias,
@@ -120,11 +147,11 @@ class DecoderConfig:
         )
 
 
-def _model_name(hf_config: Any) -> str:
+def model_name(hf_config: Any) -> str:
     return str(getattr(hf_config, "_name_or_path", "") or type(hf_config).__name__)
 
 
-def _positive_int(hf_config: Any, name: str, model: str) -> int:
+def positive_int(hf_config: Any, name: str, model: str) -> int:
     value = getattr(hf_config, name, None)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise TTConfigError(f"{model}: {name}", value, "a positive int", "check the checkpoint's config.json")
@@ -172,7 +199,7 @@ def _reject_sliding_window(hf_config: Any, model: str) -> None:
         )
 
 
-def _rope_config(hf_config: Any, model: str, head_dim: int) -> RopeConfig:
+def _rope_config(hf_config: Any, model: str) -> RopeConfig:
     """Transformers 5 keeps rope in ``rope_parameters``; older configs use ``rope_theta`` plus
     ``rope_scaling``. Both are read."""
     params = getattr(hf_config, "rope_parameters", None)
@@ -204,8 +231,6 @@ def _rope_config(hf_config: Any, model: str, head_dim: int) -> RopeConfig:
             "1.0",
             "host reference models rotate the whole head",
         )
-    if head_dim % 2:
-        raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
     if rope_type == "default":
         return RopeConfig(theta=float(params.get("rope_theta", 10000.0)))
     missing = [k for k in _LLAMA3_KEYS if k not in params]

@@ -30,11 +30,12 @@ from vllm_tt_platform.host.models.checkpoint import (
 )
 from vllm_tt_platform.host.models.config import (
     LAYER_TYPES,
+    AttentionShape,
     DecoderConfig,
     RopeConfig,
-    _model_name,
-    _positive_int,
     layer_windows,
+    model_name,
+    positive_int,
 )
 from vllm_tt_platform.host.models.decoder import HostDecoder, _rms_norm
 from vllm_tt_platform.host.models.hybrid_kv import HybridKVCausalLM
@@ -60,7 +61,7 @@ class Gemma3Config(DecoderConfig):
     @classmethod
     def from_hf_text(cls, hf_config: Any, *, n_layers: int | None = None) -> Gemma3Config:
         """Read a ``Gemma3TextConfig`` (or anything with the same attributes)."""
-        model = _model_name(hf_config)
+        model = model_name(hf_config)
         act = getattr(hf_config, "hidden_activation", None) or getattr(hf_config, "hidden_act", None)
         if act not in ACTIVATIONS:
             raise TTUnsupportedFeatureError(
@@ -73,33 +74,19 @@ class Gemma3Config(DecoderConfig):
                 "false (causal attention)",
                 "host reference models serve Gemma 3 as a causal LM; use a causal checkpoint",
             )
-        heads = _positive_int(hf_config, "num_attention_heads", model)
-        kv_heads = _positive_int(hf_config, "num_key_value_heads", model)
-        if heads % kv_heads:
-            raise TTConfigError(
-                f"{model}: num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}",
-                "check the checkpoint's config.json",
-            )
-        layers = _positive_int(hf_config, "num_hidden_layers", model)
-        if n_layers is not None:
-            if not 0 < n_layers <= layers:
-                raise TTConfigError("n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model")
-            layers = n_layers
-        windows = layer_windows(hf_config, model, layers)
-        head_dim = _positive_int(hf_config, "head_dim", model)
-        if head_dim % 2:
-            raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
+        shape = AttentionShape.read(hf_config, n_layers=n_layers, head_dim_required=True)
+        windows = layer_windows(hf_config, model, shape.num_layers)
         global_rope, local_rope = _ropes(hf_config, model)
         bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
             family="gemma3",
-            vocab_size=_positive_int(hf_config, "vocab_size", model),
-            hidden_size=_positive_int(hf_config, "hidden_size", model),
-            intermediate_size=_positive_int(hf_config, "intermediate_size", model),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            vocab_size=positive_int(hf_config, "vocab_size", model),
+            hidden_size=positive_int(hf_config, "hidden_size", model),
+            intermediate_size=positive_int(hf_config, "intermediate_size", model),
+            num_layers=shape.num_layers,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
             rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=global_rope,
             max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),

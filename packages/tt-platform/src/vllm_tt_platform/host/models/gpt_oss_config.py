@@ -14,11 +14,12 @@ from typing import Any
 
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.host.models.config import (
+    AttentionShape,
     DecoderConfig,
     RopeConfig,
-    _model_name,
-    _positive_int,
     layer_windows,
+    model_name,
+    positive_int,
 )
 from vllm_tt_platform.host.models.moe import MoeConfig
 from vllm_tt_platform.host.models.yarn import YarnScaling
@@ -34,7 +35,7 @@ class GptOssConfig(DecoderConfig):
 
     @classmethod
     def from_gpt_oss(cls, hf_config: Any, *, n_layers: int | None = None) -> GptOssConfig:
-        model = _model_name(hf_config)
+        model = model_name(hf_config)
         quant = getattr(hf_config, "quantization_config", None)
         if quant:
             raise TTUnsupportedFeatureError(
@@ -43,43 +44,27 @@ class GptOssConfig(DecoderConfig):
                 "none (float weights)",
                 "the host GPT-OSS runs unquantized weights; use a checkpoint saved without MXFP4",
             )
-        heads = _positive_int(hf_config, "num_attention_heads", model)
-        kv_heads = _positive_int(hf_config, "num_key_value_heads", model)
-        if heads % kv_heads:
-            raise TTConfigError(
-                f"{model}: num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}",
-                "check the checkpoint's config.json",
-            )
-        layers = _positive_int(hf_config, "num_hidden_layers", model)
-        if n_layers is not None:
-            if not 0 < n_layers <= layers:
-                raise TTConfigError(
-                    "n_layers", n_layers, f"1..{layers}", "pass n_layers=None for the full model"
-                )
-            layers = n_layers
-        windows = layer_windows(hf_config, model, layers)
-        experts = _positive_int(hf_config, "num_local_experts", model)
-        top_k = _positive_int(hf_config, "num_experts_per_tok", model)
+        shape = AttentionShape.read(hf_config, n_layers=n_layers, head_dim_required=True)
+        windows = layer_windows(hf_config, model, shape.num_layers)
+        experts = positive_int(hf_config, "num_local_experts", model)
+        top_k = positive_int(hf_config, "num_experts_per_tok", model)
         if top_k > experts:
             raise TTConfigError(
                 f"{model}: num_experts_per_tok", top_k, f"at most num_local_experts={experts}",
                 "check the checkpoint's config.json",
             )
-        head_dim = _positive_int(hf_config, "head_dim", model)
-        if head_dim % 2:
-            raise TTConfigError(f"{model}: head_dim", head_dim, "an even number", "check config.json")
         max_positions = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
         rope, yarn = _rope(hf_config, model, max_positions)
         bias = bool(getattr(hf_config, "attention_bias", True))
         return cls(
             family="gpt_oss",
-            vocab_size=_positive_int(hf_config, "vocab_size", model),
-            hidden_size=_positive_int(hf_config, "hidden_size", model),
-            intermediate_size=_positive_int(hf_config, "intermediate_size", model),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            vocab_size=positive_int(hf_config, "vocab_size", model),
+            hidden_size=positive_int(hf_config, "hidden_size", model),
+            intermediate_size=positive_int(hf_config, "intermediate_size", model),
+            num_layers=shape.num_layers,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
             rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-5)),
             rope=rope,
             max_position_embeddings=max_positions,
