@@ -14,6 +14,7 @@ HOST_MODELS: dict[str, str] = {
     "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
     "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
     "TTGemma3ForCausalLM": "vllm_tt_platform.host.models.gemma3:HostGemma3ForCausalLM",
+    "TTGemma3ForConditionalGeneration": "vllm_tt_platform.host.models.gemma3_vl:HostGemma3ForConditionalGeneration",
     "TTGptOssForCausalLM": "vllm_tt_platform.host.models.gpt_oss:HostGptOssForCausalLM",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""

@@ -86,8 +86,9 @@ def resolve_checkpoint_dir(name_or_path: str) -> Path:
         ) from exc
 
 
-def load_decoder_weights(folder: Path, config: DecoderConfig) -> DecoderWeights:
-    """Read every tensor ``config`` needs from ``folder`` as float32."""
+def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "model.") -> DecoderWeights:
+    """Read every tensor ``config`` needs from ``folder`` as float32; ``prefix`` is where the
+    decoder's tensors sit (a vision-language checkpoint nests them under its language model)."""
     reader = _SafetensorsFolder(folder)
 
     def get(name: str) -> torch.Tensor:
@@ -98,7 +99,7 @@ def load_decoder_weights(folder: Path, config: DecoderConfig) -> DecoderWeights:
 
     layers = []
     for i in range(config.num_layers):
-        p = f"model.layers.{i}."
+        p = f"{prefix}layers.{i}."
         attn = p + "self_attn."
         mlp = p + "mlp."
         layers.append(
@@ -127,10 +128,10 @@ def load_decoder_weights(folder: Path, config: DecoderConfig) -> DecoderWeights:
                 ),
             )
         )
-    embed = get("model.embed_tokens.weight")
+    embed = get(prefix + "embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")
     weights = DecoderWeights(
-        embed=embed, layers=tuple(layers), norm=get("model.norm.weight"), lm_head=lm_head
+        embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"), lm_head=lm_head
     )
     _check_shapes(weights, config, folder)
     return weights
@@ -161,6 +162,9 @@ class _SafetensorsFolder:
                 for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     found[name] = file
         return found
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
 
     def tensor(self, name: str) -> torch.Tensor:
         from safetensors import safe_open

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,18 @@ from vllm_tt_platform.host.models.checkpoint import (
 from vllm_tt_platform.host.models.config import DecoderConfig
 from vllm_tt_platform.host.models.paged_kv import LaneKV
 from vllm_tt_platform.host.models.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class PrefillInserts:
+    """What one prefill row carries beyond its token ids (a vision-language model's images)."""
+
+    index: torch.Tensor
+    """``[m]``: offsets into the row's new tokens whose embeddings are replaced..."""
+    vectors: torch.Tensor
+    """...by these ``[m, hidden]`` (the projected image features, not scaled)."""
+    blocks: torch.Tensor
+    """``[end]``: each position's bidirectional block (-1: causal only); see ``paged_kv.visible``."""
 
 
 class HostDecoder:
@@ -48,12 +61,14 @@ class HostDecoder:
         page_rows: Sequence[torch.Tensor],
         lane_kv: LaneKV,
         all_positions: bool = False,
+        inserts: PrefillInserts | None = None,
     ) -> torch.Tensor:
         """Run one row's tokens ``new_tokens [n]`` at positions ``[start, start+n)``, padded to
         ``bucket`` positions, attending to ``[0, start+n)`` (a sliding layer: to its window);
         return the logits ``[V]`` after the last real token, or ``[n, V]`` after each real
         token with ``all_positions`` (prompt logprobs). ``page_rows`` holds the row's page
-        table of each layer. Only the ``n`` real positions write KV."""
+        table of each layer. Only the ``n`` real positions write KV. ``inserts`` replaces some
+        embeddings and lets blocks of positions attend both ways."""
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
@@ -64,13 +79,17 @@ class HostDecoder:
         last_block = math.ceil(end / size)
 
         x = self._embed(ids)
+        blocks = None
+        if inserts is not None:
+            x[inserts.index] = inserts.vectors.to(x.dtype)
+            blocks = inserts.blocks
         for index, (layer, (k_cache, v_cache), page_row) in enumerate(
             zip(self.weights.layers, lane_kv, page_rows, strict=True)
         ):
             window = self.config.window(index)
             first = paged_kv.first_block(torch.tensor([start]), window, size)
             pages_used, key_pos = paged_kv.key_span(page_row[None], first, last_block - int(first), size)
-            mask = paged_kv.visible(key_pos, query_pos, window)
+            mask = paged_kv.visible(key_pos, query_pos, window, blocks)
             pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
             q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, positions)
             paged_kv.write(k_cache, pages, offsets, k[:n])

@@ -145,15 +145,15 @@ class Gemma3LayerWeights(LayerWeights):
     post_feedforward_norm: torch.Tensor
 
 
-def load_gemma3_weights(folder: Path, config: Gemma3Config) -> DecoderWeights:
-    """The Llama-shaped tensors plus each layer's two feed-forward norms."""
-    base = load_decoder_weights(folder, config)
+def load_gemma3_weights(folder: Path, config: Gemma3Config, prefix: str = "model.") -> DecoderWeights:
+    """The Llama-shaped tensors plus each layer's two feed-forward norms, under ``prefix``."""
+    base = load_decoder_weights(folder, config, prefix)
     reader = _SafetensorsFolder(folder)
     layers = tuple(
         Gemma3LayerWeights(
             **{f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)},
-            pre_feedforward_norm=reader.tensor(f"model.layers.{i}.pre_feedforward_layernorm.weight"),
-            post_feedforward_norm=reader.tensor(f"model.layers.{i}.post_feedforward_layernorm.weight"),
+            pre_feedforward_norm=reader.tensor(f"{prefix}layers.{i}.pre_feedforward_layernorm.weight"),
+            post_feedforward_norm=reader.tensor(f"{prefix}layers.{i}.post_feedforward_layernorm.weight"),
         )
         for i, layer in enumerate(base.layers)
     )

@@ -28,8 +28,9 @@ from vllm_tt_platform.host.device_time import ModelDims
 from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.checkpoint import load_decoder_weights, resolve_checkpoint_dir
 from vllm_tt_platform.host.models.config import DecoderConfig
-from vllm_tt_platform.host.models.decoder import HostDecoder
+from vllm_tt_platform.host.models.decoder import HostDecoder, PrefillInserts
 from vllm_tt_platform.host.models.inputs import (
+    PrefillRow,
     check_decode,
     check_kv,
     check_kv_shape,
@@ -289,6 +290,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         )
         if sampling_params is not None and len(sampling_params) != len(rows):
             raise HostModelInputError(f"sampling_params has {len(sampling_params)} rows, the call has {len(rows)}")
+        inserts = self.prefill_inserts(tokens, rows, kwargs)
         if enable_trace:  # every shape is checked before any KV is written
             for row in rows:
                 self.lanes.devices[row.lane].replay_trace(TraceKey.prefill(row.bucket))
@@ -300,26 +302,34 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         if kwargs.get("return_all_logits"):
             if sampling_params is not None:
                 raise HostModelInputError("return_all_logits asks for logits; do not also send sampling_params")
-            program = functools.partial(self._all_logits_program, tokens, tables, kv_cache, rows, slots)
+            program = functools.partial(self._all_logits_program, tokens, tables, kv_cache, rows, slots, inserts)
             return self.queue.submit(program, duration).result()
         program = functools.partial(
             self._prefill_program, tokens, tables, kv_cache, rows, slots, sampling_params,
-            kwargs.get("prompt_tokens"), kwargs.get("output_tokens"),
+            kwargs.get("prompt_tokens"), kwargs.get("output_tokens"), inserts,
         )
         return self.queue.submit(program, duration).result()
 
+    def prefill_inserts(
+        self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any]
+    ) -> list[PrefillInserts | None]:
+        """Per row, what the prefill adds to its tokens (a ``PrefillInserts`` or None), from the
+        call's extra kwargs; a text model adds nothing. Vision-language models override it."""
+        return [None] * len(rows)
+
     def _all_logits_program(
         self, tokens: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV], rows: list[Any],
-        slots: list[int],
+        slots: list[int], inserts: list[PrefillInserts | None],
     ) -> torch.Tensor:
         """``return_all_logits=True``: every computed position's logits (see ``prompt_logits``)."""
-        logits = all_position_logits(self.decoder, self.synthetic, tokens, tables, kv_cache, rows)
+        logits = all_position_logits(self.decoder, self.synthetic, tokens, tables, kv_cache, rows, inserts)
         self.slots.prefilled(slots)
         return logits
 
     def _prefill_program(
         self, tokens: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV], rows: list[Any],
         slots: list[int], sampling_params: Any, history: Any, output_tokens: Any,
+        inserts: list[PrefillInserts | None],
     ) -> Any:
         if self.synthetic is not None:
             last = torch.tensor([row.end - 1 for row in rows])
@@ -328,7 +338,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             logits = torch.stack([
                 self.decoder.prefill(
                     tokens[i, row.start : row.end], row.start, row.bucket, [t[i] for t in tables],
-                    kv_cache[row.lane],
+                    kv_cache[row.lane], inserts=inserts[i],
                 )
                 for i, row in enumerate(rows)
             ])

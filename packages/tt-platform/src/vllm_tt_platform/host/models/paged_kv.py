@@ -66,12 +66,23 @@ def first_block(positions: torch.Tensor, window: int | None, size: int) -> torch
     return (positions - window + 1).clamp(min=0) // size
 
 
-def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def visible(
+    key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None, blocks: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal mask ``[b, q, k]``: a query at ``p`` sees keys ``[0, p]``, or ``(p - window, p]``
-    on a sliding-window layer (HF's convention: itself and the ``window - 1`` keys before it)."""
+    on a sliding-window layer (HF's convention: itself and the ``window - 1`` keys before it).
+
+    ``blocks [positions]`` (one row's), when given, numbers bidirectional blocks (-1: none):
+    a query also sees the later keys of its own block (Gemma 3's image tokens), the window
+    still applying to earlier keys. Positions past its end belong to no block."""
     keys = key_pos[:, None, :]
     queries = query_pos[:, :, None]
     mask = keys <= queries
+    if blocks is not None:
+        padded = torch.cat((blocks, blocks.new_full((1,), -1)))
+        block_of = padded[key_pos.clamp(max=blocks.shape[0])]
+        query_block = padded[query_pos.clamp(max=blocks.shape[0])]
+        mask |= (block_of[:, None, :] == query_block[:, :, None]) & (query_block[:, :, None] >= 0)
     if window is not None:
         mask &= keys > queries - window
     return mask

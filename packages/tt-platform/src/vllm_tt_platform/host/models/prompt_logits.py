@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vllm_tt_platform.host.models.decoder import HostDecoder
+from vllm_tt_platform.host.models.decoder import HostDecoder, PrefillInserts
 from vllm_tt_platform.host.models.inputs import PrefillRow
 from vllm_tt_platform.host.models.paged_kv import LaneKV
 
@@ -25,12 +25,13 @@ def all_position_logits(
     page_tables: list[torch.Tensor],
     kv_cache: list[LaneKV],
     rows: list[PrefillRow],
+    inserts: list[PrefillInserts | None],
 ) -> torch.Tensor:
     """``[B, T, V]`` with ``T`` the longest computed span; row ``i``'s position
     ``start + j`` sits at ``T - n_i + j`` (``n_i = end - start``), the left padding is zero.
 
-    ``page_tables`` holds one table per layer. ``synthetic`` (a ``SyntheticLM`` or None)
-    replaces the decoder math in timing runs."""
+    ``page_tables`` holds one table per layer, ``inserts`` each row's images (or None).
+    ``synthetic`` (a ``SyntheticLM`` or None) replaces the decoder math in timing runs."""
     width = max(row.end - row.start for row in rows)
     out = torch.zeros(len(rows), width, decoder.config.vocab_size)
     for i, row in enumerate(rows):
@@ -39,6 +40,6 @@ def all_position_logits(
             logits = synthetic.logits(span, torch.arange(row.start, row.end))
         else:
             logits = decoder.prefill(span, row.start, row.bucket, [table[i] for table in page_tables],
-                                     kv_cache[row.lane], all_positions=True)
+                                     kv_cache[row.lane], all_positions=True, inserts=inserts[i])
         out[i, width - span.shape[0] :] = logits
     return out
