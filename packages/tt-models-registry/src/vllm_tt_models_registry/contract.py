@@ -18,6 +18,8 @@ from vllm_tt_models_registry.errors import ContractError
 
 __all__ = [
     "CALLS",
+    "IMAGE_KWARGS",
+    "ROPE_DELTAS_KWARG",
     "OPTIONAL_METHODS",
     "REQUIRED_METHODS",
     "CallShape",
@@ -74,7 +76,11 @@ class TTModel(Protocol):
     ) -> Any:
         """Compute positions ``[start_pos, prompt_lens)`` of each row, write their KV through
         ``page_table`` and return the next-token logits ``[B, 1, V]`` (or tokens ``[B]`` /
-        ``(tokens, logprobs)`` when ``sampling_params`` is given) for position ``prompt_len-1``."""
+        ``(tokens, logprobs)`` when ``sampling_params`` is given) for position ``prompt_len-1``.
+
+        A multimodal model also gets its images (:data:`IMAGE_KWARGS`) on every prefill call
+        whose rows have any; an mRoPE model (``uses_mrope``) returns ``(out, rope_deltas)``,
+        ``rope_deltas[i]`` (an int, or anything ``int()`` takes) row ``i``'s position delta."""
         ...
 
     def decode_forward(
@@ -90,7 +96,9 @@ class TTModel(Protocol):
     ) -> Any:
         """One decode step over the full fixed batch; rows with ``start_pos == -1`` are padding
         and must neither write KV nor matter. Returns logits ``[B, 1, V]`` or tokens ``[B]``
-        (optionally with logprobs), or a device handle when ``read_from_device`` is false."""
+        (optionally with logprobs), or a device handle when ``read_from_device`` is false.
+
+        An mRoPE model also gets :data:`ROPE_DELTAS_KWARG` on every decode call."""
         ...
 
 
@@ -146,6 +154,25 @@ class TTModelExtras(Protocol):
         ...
 
 
+IMAGE_KWARGS: tuple[str, ...] = ("pixel_values", "image_grid_thw", "num_patches", "image_sizes")
+"""The image keyword arguments of ``prefill_forward`` (multimodal models, prefill steps only):
+the keys vLLM's processor for the model produces, passed through by name (these are the
+known ones; a processor's other keys are passed the same way).
+
+Each is a list with one entry per row, in the call's row order: ``None`` for a row without
+images, else a list with one entry per image of the request, in prompt order (every image, on
+every prefill pass of the row: a later chunk or a resume needs them for its positions), each
+that image's tensor (``None`` if its processor output lacks the key). Qwen2.5-VL:
+``pixel_values`` ``[patches, C*T*P*P]`` (uint8 unless ``--mm-device-do-normalize false``) and
+``image_grid_thw`` int64 ``[3]``, ``(t, h, w)`` in patches. Gemma 3: ``pixel_values``
+``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``."""
+
+ROPE_DELTAS_KWARG = "rope_deltas_all_users"
+"""``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
+(row ``r`` is slot ``r``, as ``tokens``), each live slot's delta as its prefill returned it
+(the decode position of a token is ``start_pos + delta``), 0 for padding rows."""
+
+
 @dataclass(frozen=True)
 class CallShape:
     """How the runner calls one member: which arguments by position, which by keyword."""
@@ -155,6 +182,8 @@ class CallShape:
     keywords: tuple[str, ...] = ()
     on_class: bool = False
     """Called on the class before any instance exists (must be a classmethod)."""
+    sometimes: tuple[str, ...] = ()
+    """Keywords sent only on some calls (the member takes them by name or ``**kwargs``)."""
 
     def render(self) -> str:
         args = list(self.positional) + [f"{k}=..." for k in self.keywords]
@@ -182,6 +211,8 @@ CALLS: Mapping[str, CallShape] = {
                 "empty_slots",
                 "enable_trace",
             ),
+            sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
+                       "return_all_logits", *IMAGE_KWARGS),
         ),
         CallShape(
             "decode_forward",
@@ -193,6 +224,8 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
                 "read_from_device",
             ),
+            sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
+                       "reset_batch", ROPE_DELTAS_KWARG),
         ),
         CallShape(
             "get_max_tokens_all_users",

@@ -18,7 +18,12 @@ from vllm_tt_scheduler.lanes.shape import LaneShape
 
 from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, request_checks
 from vllm_tt_platform.config.options import TTConfig
-from vllm_tt_platform.config.startup_checks import check_capabilities, check_environment, check_vllm_features
+from vllm_tt_platform.config.startup_checks import (
+    check_capabilities,
+    check_environment,
+    check_vllm_features,
+    restrict_modalities,
+)
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
@@ -106,6 +111,7 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
+    restrict_modalities(vllm_config)
     metrics_switch.enable_tt_metrics()
     setup = resolve_setup(vllm_config)
     register_with_vllm(setup)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from vllm.sampling_params import SamplingParams
@@ -29,6 +30,12 @@ class RequestState:
     """Live list: appended by the runner after each sampled token (the host sampler reads it
     for penalties and min_tokens)."""
     generator: torch.Generator | None = None
+    mm_features: list[Any] = field(default_factory=list)
+    """vLLM's ``MultiModalFeatureSpec`` of each multimodal item, in prompt order (kept across
+    preemption: a resumed request is prefilled again from its whole history)."""
+    rope_delta: int = 0
+    """mRoPE models: the position delta the request's last prefill returned (decode position =
+    ``num_computed_tokens + rope_delta``)."""
 
     @property
     def block_ids(self) -> list[int]:
@@ -92,7 +99,7 @@ class PersistentBatch:
         return state
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams, blocks: Sequence[list[int]],
-            num_computed_tokens: int, lane: int) -> RequestState:
+            num_computed_tokens: int, lane: int, mm_features: Sequence[Any] = ()) -> RequestState:
         self._lane_of[req_id] = lane
         slot = self._take_slot(req_id, lane)
         generator = None
@@ -100,7 +107,7 @@ class PersistentBatch:
             generator = torch.Generator(device="cpu")
             generator.manual_seed(params.seed)
         state = RequestState(req_id, slot, list(prompt), params, [list(group) for group in blocks],
-                             num_computed_tokens, generator=generator)
+                             num_computed_tokens, generator=generator, mm_features=list(mm_features))
         self.requests[req_id] = state
         return state
 
@@ -134,7 +141,7 @@ class PersistentBatch:
             if params is None or new.prompt_token_ids is None:
                 raise ValueError(f"request {new.req_id!r} has no sampling params or prompt token ids")
             added.append(self.add(new.req_id, new.prompt_token_ids, params, new.block_ids,
-                                  new.num_computed_tokens, lane))
+                                  new.num_computed_tokens, lane, new.mm_features or ()))
         resumed: list[RequestState] = []
         cached = out.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):

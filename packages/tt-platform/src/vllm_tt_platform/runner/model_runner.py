@@ -17,7 +17,7 @@ from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.runner import model_output, step_metrics
+from vllm_tt_platform.runner import mm_inputs, model_output, step_metrics
 from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
@@ -54,6 +54,8 @@ class TTModelRunner:
         self.kv = RunnerKV(vllm_config, self.topology)
         self.table_width = self.kv.table_width(self.max_model_len)
         config = setup.config
+        self.uses_mrope = bool(self.model_config.uses_mrope)
+        """Prefill returns ``(out, rope_deltas)``; decode is sent ``rope_deltas_all_users``."""
         self.prefill_trace = config.trace_mode == "all"
         self.decode_trace = config.trace_mode in ("all", "decode_only")
         self.sampling = StepSampling(vllm_config, setup)
@@ -211,11 +213,16 @@ class TTModelRunner:
         kwargs = self.sampling.prefill_kwargs(plan, decision)
         if inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
+        states = [r.state for r in plan.rows]
+        images = mm_inputs.prefill_image_kwargs(states)
         raw = self.model.prefill_forward(
             tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
             prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
-            enable_trace=self.prefill_trace, **kwargs,
+            enable_trace=self.prefill_trace, **kwargs, **images,
         )
+        if self.uses_mrope:
+            raw, rope_deltas = raw
+            mm_inputs.record_rope_deltas(states, rope_deltas)
         self.sampling.after_prefill(plan, kwargs, raw)
         return model_output.parse(raw, sampled_on_device=decision.path is SamplingPath.DEVICE,
                                   owner=f"{type(self.model).__qualname__}.prefill_forward")
@@ -234,6 +241,8 @@ class TTModelRunner:
         if inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
         kwargs.update(sampling)
+        if self.uses_mrope:
+            kwargs.update(mm_inputs.decode_rope_kwargs([r.state for r in plan.rows], num_slots))
         raw = self.model.decode_forward(
             tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
             kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,

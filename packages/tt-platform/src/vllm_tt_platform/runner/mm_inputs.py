@@ -1,0 +1,80 @@
+"""A step's multimodal inputs, in the form the TT model contract takes them.
+
+Prefill: each row's images, gathered from the request's vLLM ``mm_features`` into the
+row-aligned lists of :data:`~vllm_tt_models_registry.contract.IMAGE_KWARGS` (the model runs its
+own vision encoder: the contract has no encoder cache, so every prefill pass of a row carries
+all its images). mRoPE: the position delta each prefill returns is kept on the request
+(``RequestState.rope_delta``) and sent, slot-ordered, with every decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_tt_models_registry.contract import CALLS, ROPE_DELTAS_KWARG
+
+from vllm_tt_platform.config.startup_checks import SERVED_MODALITIES
+from vllm_tt_platform.runner.batch import RequestState
+
+
+class MultimodalInputError(RuntimeError):
+    """A request's multimodal item cannot be passed to the model (a broken invariant: vLLM's
+    front end refuses the modalities ``config.startup_checks.restrict_modalities`` limits to 0)."""
+
+
+def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[Any] | None]]:
+    """``{key: [row entry, ...]}`` for the prefill rows ``states`` (call order): ``None`` for a
+    row without images, else one tensor per image (``None`` where that image's processor output
+    has no such key). Empty when no row has an image: text-only steps send nothing."""
+    rows: list[list[Any] | None] = []
+    keys: dict[str, None] = {}  # insertion-ordered set
+    for state in states:
+        images = [_image_data(state, index, f) for index, f in enumerate(state.mm_features)]
+        rows.append(images or None)
+        for item in images:
+            keys.update(dict.fromkeys(item))
+    reserved = set(CALLS["prefill_forward"].keywords) & set(keys)
+    if reserved:
+        raise MultimodalInputError(
+            f"the multimodal processor produced {sorted(reserved)}, which prefill_forward already "
+            "takes as its own arguments"
+        )
+    return {
+        key: [None if images is None else [item[key].data if key in item else None for item in images]
+              for images in rows]
+        for key in keys
+    }
+
+
+def _image_data(state: RequestState, index: int, feature: Any) -> Any:
+    if feature.modality not in SERVED_MODALITIES:
+        raise MultimodalInputError(
+            f"request {state.req_id!r} item {index} is {feature.modality!r}; TT models are sent "
+            f"{', '.join(SERVED_MODALITIES)} only"
+        )
+    if feature.data is None:
+        raise MultimodalInputError(
+            f"request {state.req_id!r} image {index} reached the runner without its processed data "
+            "(vLLM's engine-side multimodal cache should have filled it in)"
+        )
+    return feature.data
+
+
+def record_rope_deltas(states: Sequence[RequestState], rope_deltas: Any) -> None:
+    """Keep each prefill row's mRoPE delta on its request (``rope_deltas[i]`` is row ``i``'s)."""
+    if len(rope_deltas) != len(states):
+        raise MultimodalInputError(
+            f"prefill_forward returned {len(rope_deltas)} rope deltas for {len(states)} rows"
+        )
+    for state, delta in zip(states, rope_deltas, strict=True):
+        state.rope_delta = int(delta)
+
+
+def decode_rope_kwargs(states: Sequence[RequestState], num_slots: int) -> dict[str, list[int]]:
+    """:data:`ROPE_DELTAS_KWARG`: every slot's delta (0 for free slots), slot order, the full
+    fixed decode batch."""
+    deltas = [0] * num_slots
+    for state in states:
+        deltas[state.slot] = state.rope_delta
+    return {ROPE_DELTAS_KWARG: deltas}
