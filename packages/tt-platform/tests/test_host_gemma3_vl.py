@@ -231,14 +231,16 @@ def test_prefill_and_decode_match_transformers(model, hf):
 @pytest.mark.parametrize("sent", ["chunk images", "all images"])
 def test_chunked_prefill_and_prefix_start(model, hf, sent):
     """A two-image prompt prefilled in two chunks cut between the images (the runner may send
-    the images of the chunk only, or all of the row's images), and a prefix-cache start inside
-    the first image's run (its earlier tokens' KV already there, its features still needed)."""
+    the images of the chunk only, or all of the request's images on every pass), and a
+    prefix-cache start inside the first image's run (its earlier tokens' KV already there, its
+    features still needed)."""
     ids, pixels = prompt(10, [5, 8, 6]), images(11, 2)
     second = ids.index(IMAGE, 5 + MM_TOKENS + 2) - 1  # the second image's BOI
     expected = hf_logits(hf, ids, pixels)[-1]
     runner = Runner(model)
-    runner.prefill([(0, ids, 0, second)], [[pixels[:1]]])
-    later = [pixels[1:]] if sent == "chunk images" else [pixels[:1], pixels[1:]]
+    both = [pixels[:1], pixels[1:]]
+    runner.prefill([(0, ids, 0, second)], [[pixels[:1]] if sent == "chunk images" else both])
+    later = [pixels[1:]] if sent == "chunk images" else both
     torch.testing.assert_close(runner.prefill([(0, ids, second, len(ids))], [later])[0, -1], expected,
                                atol=1e-4, rtol=1e-4)
     cached = 5 + 1 + MM_TOKENS // 2
@@ -252,8 +254,9 @@ def test_bad_image_inputs_are_refused(model):
     runner = Runner(model)
     with pytest.raises(HostModelInputError, match="0 image crops sent, but the tokens hold 1"):
         runner.prefill([(0, ids, 0, len(ids))], [None])
-    with pytest.raises(HostModelInputError, match="2 image crops sent"):
-        runner.prefill([(0, ids, 0, len(ids))], [[images(0, 2)]])
+    two = prompt(12, [4, 4, 4])
+    with pytest.raises(HostModelInputError, match="1 image crops sent, but the tokens hold 2"):
+        runner.prefill([(0, two, 0, len(two))], [[images(0, 1)]])
     with pytest.raises(HostModelInputError, match="uint8"):
         runner.prefill([(0, ids, 0, len(ids))], [[torch.zeros(1, 3, 32, 32, dtype=torch.uint8)]])
     with pytest.raises(HostModelInputError, match="chunk end cuts an image"):

@@ -135,8 +135,9 @@ class Gemma3VLDecoder(Gemma3Decoder):
     def inserts(self, ids: torch.Tensor, start: int, crops: torch.Tensor | None, row: int) -> PrefillInserts | None:
         """Row ``row``'s images for computing ``[start, len(ids))``: ``ids`` is its token
         history up to the chunk end, ``crops`` its images' crops in prompt order (None: no
-        images sent). Crops may be sent for the images in the chunk only, or for all the
-        row's images; an image whose placeholder run the chunk end cuts is an error."""
+        images sent). The runner sends all of the request's images (the contract has no
+        encoder cache), or only those the chunk computes; an image whose placeholder run the
+        chunk end cuts is an error. Only the images the chunk computes run the vision tower."""
         runs = image_runs(ids, self.config.image_token_id)
         wanted = self.config.mm_tokens_per_image
         for first, stop in runs:
@@ -146,32 +147,28 @@ class Gemma3VLDecoder(Gemma3Decoder):
                     f"tokens, the model expects mm_tokens_per_image={wanted} (or the chunk end cuts an "
                     "image: the runner must not split one across prefill chunks)"
                 )
-        live = [run for run in runs if run[1] > start]
+        live = [k for k, (_, stop) in enumerate(runs) if stop > start]
         count = 0 if crops is None else crops.shape[0]
-        if not live and not count:
-            return None
-        if count == len(live):
-            used = live
-        elif count == len(runs):
-            used = runs
+        if count >= len(runs):  # all images so far (and maybe later ones), in prompt order
+            crop_of = live
+        elif count == len(live):  # the chunk's images only
+            crop_of = list(range(count))
         else:
             raise HostModelInputError(
                 f"prefill row {row}: {count} image crops sent, but the tokens hold {len(runs)} image "
                 f"placeholder runs, {len(live)} of them in the chunk from position {start}"
             )
-        assert crops is not None  # count > 0 here
-        features = self.image_features(crops)
-        end = ids.shape[0]
-        blocks = torch.full((end,), -1, dtype=torch.long)
+        if crops is None or not live:
+            return None
+        features = self.image_features(crops[crop_of])
+        blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
-        for block, (crop, (first, stop)) in enumerate(zip(features, used, strict=True)):
-            blocks[first:stop] = block
+        for k, crop in zip(live, features, strict=True):
+            first, stop = runs[k]
+            blocks[first:stop] = k
             lo = max(first, start)
-            if lo < stop:
-                index.append(torch.arange(lo, stop) - start)
-                vectors.append(crop[lo - first :])
-        if not index:
-            return PrefillInserts(torch.zeros(0, dtype=torch.long), features.new_zeros(0, features.shape[-1]), blocks)
+            index.append(torch.arange(lo, stop) - start)
+            vectors.append(crop[lo - first :])
         return PrefillInserts(torch.cat(index), torch.cat(vectors), blocks)
 
 
