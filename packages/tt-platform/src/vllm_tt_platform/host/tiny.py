@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 """``--arch`` value -> the HF architecture written to ``config.json``."""
 
@@ -135,7 +136,46 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 1024,
         },
     },
+    # DeepSeek V3 shape: latent attention with q LoRA and interleaved rope, a dense first layer
+    # then 8 routed experts in 4 groups (2 groups, top-2) plus a shared expert, YaRN with
+    # mscale_all_dim (the softmax-scale correction) unlike mscale (a cos/sin factor too). vLLM
+    # routes by topk_method/scoring_func, which transformers' config class does not write.
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "num_mtp_layers": 0,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+            "original_max_position_embeddings": 1024,
+        },
+    },
 }
+
+CORRECTION_BIAS_STD = 0.3
+"""DeepSeek V3's expert-choice bias is a buffer training leaves at zero; the tiny model gets a
+seeded one so that choosing by the biased scores differs from choosing by the plain ones."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +251,7 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
 
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-        "gpt_oss": "gpt_oss",
+        "gpt_oss": "gpt_oss", "deepseek_v3": "deepseek_v3",
     }[arch]
     config = AutoConfig.for_model(
         model_type,
@@ -255,6 +295,7 @@ def build_tiny_checkpoint(arch: str, out_dir: str | Path, train_steps: int = 0, 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if train_steps:
             _train(model, _corpus_ids(tokenizer), train_steps, seed)
+        _seed_buffers(model)
     model.eval()
     model.generation_config = GenerationConfig(**special_ids)
     bars = is_progress_bar_enabled()
@@ -343,6 +384,15 @@ def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         if (step + 1) % TRAIN_REPORT_EVERY == 0 or step + 1 == steps:
             print(f"tiny model: step {step + 1}/{steps}, loss {loss.item():.2f}", file=sys.stderr, flush=True)
+
+
+def _seed_buffers(model: Any) -> None:
+    """Give untrained routing buffers (DeepSeek V3's ``e_score_correction_bias``) seeded values."""
+    import torch
+
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn(buffer.shape) * CORRECTION_BIAS_STD)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import torch
+
 from vllm_tt_platform.host.models import paged_kv
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.inputs import check_kv_shape
@@ -81,9 +83,13 @@ class HybridKVCausalLM(HostCausalLM):
             tensor_of_layer.append(int(tensor_idx))
         if len(block_sizes) != 1:
             raise HostModelInputError(f"every layer needs the same block_size, got {sorted(block_sizes)}")
-        return [_lane_cache(shapes, tensor_of_layer) for _ in range(self.lanes.count)]
+        return [self._lane_cache(shapes, tensor_of_layer) for _ in range(self.lanes.count)]
 
+    @staticmethod
+    def _layer_storage(shape: tuple[int, int, int, int]) -> list[torch.Tensor]:
+        """One storage slot's ``[K, V]`` (a latent-attention model holds one tensor as both)."""
+        return paged_kv.allocate(1, 1, shape)[0][0]
 
-def _lane_cache(shapes: dict[int, tuple[int, int, int, int]], tensor_of_layer: list[int]) -> LaneKV:
-    tensors = {idx: paged_kv.allocate(1, 1, shape)[0][0] for idx, shape in shapes.items()}
-    return [list(tensors[idx]) for idx in tensor_of_layer]
+    def _lane_cache(self, shapes: dict[int, tuple[int, int, int, int]], tensor_of_layer: list[int]) -> LaneKV:
+        tensors = {idx: self._layer_storage(shape) for idx, shape in shapes.items()}
+        return [list(tensors[idx]) for idx in tensor_of_layer]

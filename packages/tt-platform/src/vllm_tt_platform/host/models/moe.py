@@ -9,6 +9,7 @@ kept as transformers 5 saves them: fused per layer, ``[experts, in, out]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,14 +51,27 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.T
 
 
 def moe_mlp(x: torch.Tensor, w: ExpertWeights, cfg: MoeConfig) -> torch.Tensor:
-    """The routed experts' weighted sum for each token of ``x [T, hidden]``; an expert runs
-    only on the tokens routed to it."""
+    """The routed experts' weighted sum for each token of ``x [T, hidden]``."""
+
+    def expert_mlp(expert: int, h: torch.Tensor) -> torch.Tensor:
+        gate_up = h @ w.gate_up[expert] + w.gate_up_bias[expert]
+        return clamped_swiglu(gate_up, cfg.swiglu_alpha, cfg.swiglu_limit) @ w.down[expert] + w.down_bias[expert]
+
     experts, weights = route(x, w, cfg.top_k)
+    return combine_experts(x, experts, weights, expert_mlp)
+
+
+def combine_experts(
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    expert_mlp: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``sum_k weights[t, k] * expert_mlp(experts[t, k], x[t])`` for each token of
+    ``x [T, hidden]`` (``experts``, ``weights``: ``[T, top_k]``); an expert runs only on the
+    tokens routed to it, as the device's expert dispatch does."""
     out = torch.zeros_like(x)
     for expert in torch.unique(experts).tolist():
         tokens, rank = torch.where(experts == expert)
-        gate_up = x[tokens] @ w.gate_up[expert] + w.gate_up_bias[expert]
-        h = clamped_swiglu(gate_up, cfg.swiglu_alpha, cfg.swiglu_limit)
-        y = h @ w.down[expert] + w.down_bias[expert]
-        out.index_add_(0, tokens, y * weights[tokens, rank, None])
+        out.index_add_(0, tokens, expert_mlp(expert, x[tokens]) * weights[tokens, rank, None])
     return out

@@ -69,6 +69,12 @@ class YarnScaling:
             return _mscale(self.factor, self.mscale) / _mscale(self.factor, self.mscale_all_dim)
         return _mscale(self.factor)
 
+    @property
+    def softmax_scale_factor(self) -> float:
+        """DeepSeek's correction of the attention scale: ``mscale(factor, mscale_all_dim)``
+        squared (1 without ``mscale_all_dim``)."""
+        return _mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+
 
 def yarn_frequencies(theta: float, head_dim: int, yarn: YarnScaling) -> torch.Tensor:
     """The blended inverse frequencies ``[head_dim // 2]``."""
