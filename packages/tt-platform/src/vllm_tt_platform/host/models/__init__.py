@@ -15,6 +15,9 @@ HOST_MODELS: dict[str, str] = {
     "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
     "TTGemma3ForCausalLM": "vllm_tt_platform.host.models.gemma3:HostGemma3ForCausalLM",
     "TTGemma3ForConditionalGeneration": "vllm_tt_platform.host.models.gemma3_vl:HostGemma3ForConditionalGeneration",
+    "TTQwen2_5_VLForConditionalGeneration": (
+        "vllm_tt_platform.host.models.qwen2_5_vl:HostQwen2_5_VLForConditionalGeneration"
+    ),
     "TTGptOssForCausalLM": "vllm_tt_platform.host.models.gpt_oss:HostGptOssForCausalLM",
     "TTDeepseekV3ForCausalLM": "vllm_tt_platform.host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
 }
