@@ -62,6 +62,13 @@ VLLM_TT_METRICS: EnvVar[str | None] = EnvVar(
     "Set by the platform, not by users: the ZMQ base address the engine sends its TT metrics to "
     "(`vllm serve` without `--disable-log-stats`). Unset: TT metrics off, at no cost.",
 )
+TT_HOST_FAULTS: EnvVar[str | None] = EnvVar(
+    "TT_HOST_FAULTS",
+    "",
+    _optional_path,
+    "Host backend, tests only: `module:factory` of a fault injector (`vllm_tt_platform.faults.Faults`) "
+    "installed on the emulated device, e.g. `vllm_tt_testing.device_faults:from_env`. Unset: no faults.",
+)
 VLLM_TARGET_DEVICE: EnvVar[str] = EnvVar(
     "VLLM_TARGET_DEVICE",
     "",
@@ -76,7 +83,8 @@ VLLM_USE_V2_MODEL_RUNNER: EnvVar[str] = EnvVar(
 )
 
 ENV_VARS: tuple[EnvVar, ...] = (
-    MESH_DEVICE, TT_VISIBLE_DEVICES, TT_SAMPLING_TRACE, VLLM_TT_METRICS, VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER,
+    MESH_DEVICE, TT_VISIBLE_DEVICES, TT_SAMPLING_TRACE, TT_HOST_FAULTS, VLLM_TT_METRICS, VLLM_TARGET_DEVICE,
+    VLLM_USE_V2_MODEL_RUNNER,
 )
 
 

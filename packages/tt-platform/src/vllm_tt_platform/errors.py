@@ -1,4 +1,5 @@
-"""The errors a user can get from the TT platform before any device work."""
+"""The errors a user can get from the TT platform: before any device work, and when the device
+fails while serving."""
 
 from __future__ import annotations
 
@@ -25,3 +26,26 @@ class TTUnsupportedFeatureError(TTConfigError):
 
 class TTDeviceNotFoundError(RuntimeError):
     """``mesh_backend=ttnn`` was chosen but no Tenstorrent device can be opened."""
+
+
+class TTDeviceError(RuntimeError):
+    """A device program or readback failed while serving (raised, or returned output the
+    contract does not allow). The device state (KV cache, tokens it feeds back) is unknown
+    afterwards, so the engine stops rather than serve from it; vLLM then answers every request
+    in flight with an error and the API server exits (docs/troubleshooting.md#device-faults)."""
+
+    def __init__(self, call: str, cause: str, fix: str = "check the device (tt-smi), then restart the server") -> None:
+        self.call = call
+        super().__init__(f"TT device {call} failed: {cause}. The device state is unknown, so the engine "
+                         f"stops; the requests in flight are answered with an error. Fix: {fix}.")
+
+
+class TTReadbackTimeoutError(TTDeviceError):
+    """A readback did not complete within ``readback_timeout_s``: the device is taken as hung."""
+
+    def __init__(self, call: str, timeout_s: float) -> None:
+        super().__init__(
+            call, f"it did not complete within --additional-config.tt.readback_timeout_s={timeout_s:g} s",
+            "check the device (tt-smi); raise --additional-config.tt.readback_timeout_s only if a decode "
+            "step can legitimately take that long",
+        )

@@ -1,10 +1,12 @@
-"""Fault hooks of overlapped decode: the points of a step's life where tests stretch time to
-provoke the thread orderings that break naive implementations.
+"""Fault hooks: the points of a step's life where tests stretch time to provoke the thread
+orderings that break naive implementations, or make the (host) device fail.
 
-Production code calls ``faults.delay(point)`` at each point and ``faults.race(finalise)`` after
-each overlapped submission; the default ``NO_FAULTS`` does nothing. The injectors themselves
-(seeded random sleeps, scripted sleeps, raced finalisation) are test support and ship in no
-wheel: ``testing/vllm_tt_testing/faults.py``.
+Production code calls ``faults.delay(point)`` at each point, ``faults.race(finalise)`` after
+each overlapped submission and ``faults.readback(value)`` on each host-device readback; the
+default ``NO_FAULTS`` does nothing. A hook may sleep, block or raise (a failing program). The
+injectors themselves (seeded random sleeps, scripted sleeps, raced finalisation, device faults)
+are test support and ship in no wheel: ``testing/vllm_tt_testing/faults.py``,
+``testing/vllm_tt_testing/device_faults.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class DelayPoint(enum.Enum):
     """Finaliser (any thread): inside the exactly-once section, before waiting on events."""
     APPLY = "apply"
     """Runner: a finalised step is about to be applied to the host batch."""
+    PREFILL = "prefill"
+    """Device: a prefill program is about to run."""
+    DECODE = "decode"
+    """Device: a decode program is about to run."""
 
 
 class Faults:
@@ -32,6 +38,10 @@ class Faults:
 
     def race(self, finalise: Callable[[], object]) -> None:
         """Called once per overlapped step with a callable that finalises it."""
+
+    def readback(self, value: object) -> object:
+        """What a completed readback hands the host (``value`` unless an injector corrupts it)."""
+        return value
 
 
 NO_FAULTS = Faults()

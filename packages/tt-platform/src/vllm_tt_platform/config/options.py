@@ -96,6 +96,11 @@ class TTConfig:
     optimizations: str | None = field(default=None, metadata=_opt(
         "Precision preset forwarded to the model's `initialize_vllm_model`.",
         choices=("performance", "accuracy")))
+    readback_timeout_s: float = field(default=60.0, metadata=_opt(
+        "Seconds the runner waits for a decode readback before it declares the device hung: "
+        "the engine then stops with a `TTReadbackTimeoutError` (vLLM answers the requests in "
+        "flight with an error and the API server exits) instead of hanging. Raise it only if "
+        "one decode step can legitimately take longer.", minimum=0.1))
     prefill_burst: int = _scheduler_opt(PREFILL_BURST)
     prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
     host_device_time: str | None = field(default=None, metadata=_opt(

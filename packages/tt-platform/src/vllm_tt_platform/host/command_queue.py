@@ -16,7 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.logger import init_logger
+
 from vllm_tt_platform.faults import NO_FAULTS, DelayPoint, Faults
+
+logger = init_logger("vllm." + __name__)
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing waits for the device thread to finish what was queued."""
 
 
 class DeviceEvent:
@@ -126,6 +133,8 @@ class CommandQueue:
                 self._sleep(remaining)
             if op.readback:
                 self.faults.delay(DelayPoint.READBACK)
+                if error is None:
+                    value = self.faults.readback(value)
         stats = self.stats
         stats.busy_s += self._clock() - start
         if op.readback:
@@ -139,10 +148,16 @@ class CommandQueue:
         """Block until every queued operation has completed (``ttnn.synchronize_device``)."""
         self.submit(lambda: None).result()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the device thread once it has run what was queued; a device stuck in an
+        operation (a readback that never completes) is left behind after ``timeout_s``, so a
+        failing engine still exits (the thread is a daemon)."""
         with self._lock:
             self._closed = True
             thread, self._thread = self._thread, None
         if thread is not None:
             self._ops.put(None)
-            thread.join()
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.warning("TT host device: an operation was still running %.0f s after close; "
+                               "leaving the device thread behind", timeout_s)

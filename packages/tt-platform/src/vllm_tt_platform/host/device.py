@@ -9,6 +9,7 @@ thread and take the modelled time, and readbacks complete through events.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Hashable
@@ -17,6 +18,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
+from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import Faults
 from vllm_tt_platform.host.command_queue import CommandQueue, DeviceEvent
 from vllm_tt_platform.host.device_time import DeviceTimeSpec, ModelDims, ProgramCosts
@@ -151,3 +153,23 @@ class HostMeshDevice:
             self.command_queue.close()
         self._traces.clear()
         self.closed = True
+
+
+def load_faults(spec: str, setting: str = "TT_HOST_FAULTS") -> Faults:
+    """The fault injector ``spec`` (``module:factory``) names, built by calling the factory.
+    Injectors are test support code (``vllm_tt_testing``); this is only the seam that lets a
+    test arm one inside a ``vllm serve`` process tree."""
+    module_name, sep, name = spec.partition(":")
+    allowed = "`module:factory`, a callable returning a vllm_tt_platform.faults.Faults"
+    fix = f"unset {setting} (it is for tests), or name an importable factory"
+    if not sep or not module_name or not name:
+        raise TTConfigError(setting, spec, allowed, fix)
+    try:
+        factory = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise TTConfigError(setting, spec, allowed, f"{fix} ({exc})") from exc
+    faults = factory()
+    if not isinstance(faults, Faults):
+        raise TTConfigError(setting, spec, allowed, f"{fix} (it returned {type(faults).__name__})")
+    logger.warning("TT host device: fault injector %s installed (%r); for tests only", spec, faults)
+    return faults

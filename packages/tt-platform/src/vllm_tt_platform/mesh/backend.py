@@ -35,7 +35,8 @@ class HostMeshBackend:
         return 1 << 16
 
     def open(self, request: MeshRequest) -> Any:
-        from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice
+        from vllm_tt_platform import envs
+        from vllm_tt_platform.host.device import HostDeviceOptions, HostMeshDevice, load_faults
         from vllm_tt_platform.host.device_time import parse_device_time
 
         spec = self.config.host_device_time
@@ -44,7 +45,11 @@ class HostMeshBackend:
             skip_math=self.config.host_skip_math,
             preset=request.preset,
         )
-        return HostMeshDevice(request.shape, options=options)
+        device = HostMeshDevice(request.shape, options=options)
+        injector = envs.TT_HOST_FAULTS.read()
+        if injector:
+            device.faults = load_faults(injector)
+        return device
 
     def close(self, mesh_device: Any) -> None:
         mesh_device.close()

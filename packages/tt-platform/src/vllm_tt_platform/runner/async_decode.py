@@ -44,6 +44,7 @@ from vllm_tt_sampling.decision import (
 
 from vllm_tt_platform.faults import NO_FAULTS, DelayPoint, Faults
 from vllm_tt_platform.runner import model_output
+from vllm_tt_platform.runner.device_watch import DeviceWatch
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -183,8 +184,9 @@ class DecodeOverlap:
     Only the runner thread calls its methods; other threads only finalise steps."""
 
     def __init__(self, *, enabled: bool, sampling: SteadySampling, synchronize: Callable[[Any], None],
-                 depth: int = DEPTH) -> None:
+                 depth: int = DEPTH, watch: DeviceWatch | None = None) -> None:
         self.enabled = enabled
+        self.watch = watch or DeviceWatch(readback_timeout_s=60.0)
         self.sampling = sampling
         self.synchronize = synchronize
         self.depth = depth
@@ -243,21 +245,29 @@ class DecodeOverlap:
         self._layout, self._layout_dirty = layout, False
         return {"reset_batch": reset}
 
-    def submit(self, model: Any, raw: Any, rows: Sequence[ScheduledRow]) -> InFlightStep:
-        """Start the readback of a submitted decode and queue the step."""
+    def submit(self, model: Any, raw: Any, rows: Sequence[ScheduledRow], num_slots: int | None = None
+               ) -> InFlightStep:
+        """Start the readback of a submitted decode and queue the step; its tokens are read
+        under the watch (bounded wait, checked to have ``num_slots`` rows)."""
         self.faults.delay(DelayPoint.SUBMIT)
+        index = self._next_index
+        what = f"decode step {index} readback"
         if model_output.is_host_output(raw):
             host_out, events = raw, []
         else:
-            host_out, events = model.read_decode_output(raw, async_read=True)
+            with self.watch.call(what):
+                host_out, events = model.read_decode_output(raw, async_read=True)
             events = list(events)
 
-        def read() -> model_output.ModelOutput:
+        def wait_and_read() -> model_output.ModelOutput:
             for event in events:
                 self.synchronize(event)
-            return model_output.read_decode(model, host_out, sampled_on_device=True)
+            return model_output.read_decode(model, host_out, sampled_on_device=True, rows=num_slots)
 
-        step = InFlightStep(self._next_index, [StepRow(r.state.req_id, r.state.slot, r.state) for r in rows],
+        def read() -> model_output.ModelOutput:
+            return self.watch.read(what, wait_and_read)
+
+        step = InFlightStep(index, [StepRow(r.state.req_id, r.state.slot, r.state) for r in rows],
                             read, self.faults)
         self._next_index += 1
         self.stats.submitted += 1
@@ -355,7 +365,7 @@ def event_synchronizer(mesh_device: Any) -> Callable[[Any], None]:
 
 
 def overlap_for(*, async_scheduling: bool, supports_async_decode: bool, decode_trace: bool,
-                sampling: SteadySampling, mesh_device: Any) -> DecodeOverlap:
+                sampling: SteadySampling, mesh_device: Any, watch: DeviceWatch | None = None) -> DecodeOverlap:
     """The runner's overlap, on when vLLM schedules asynchronously, the model declares
     ``supports_async_decode`` and the device samples; logged once either way."""
     blockers = [why for why, ok in (
@@ -371,4 +381,5 @@ def overlap_for(*, async_scheduling: bool, supports_async_decode: bool, decode_t
     else:
         logger.info("Overlapped decode on: steady device-sampled decode steps are submitted before "
                     "the previous step's tokens are read back (depth %d).", DEPTH)
-    return DecodeOverlap(enabled=not blockers, sampling=sampling, synchronize=event_synchronizer(mesh_device))
+    return DecodeOverlap(enabled=not blockers, sampling=sampling, synchronize=event_synchronizer(mesh_device),
+                         watch=watch)

@@ -37,8 +37,9 @@ def is_host_output(raw: Any) -> bool:
     )
 
 
-def parse(raw: Any, *, sampled_on_device: bool, owner: str) -> ModelOutput:
-    """Normalise a host-side model result (tensor or ``(out, logprobs)``)."""
+def parse(raw: Any, *, sampled_on_device: bool, owner: str, rows: int | None = None) -> ModelOutput:
+    """Normalise a host-side model result (tensor or ``(out, logprobs)``); with ``rows``, the
+    result must have exactly that many rows (a decode answers every slot of the batch)."""
     logprobs = None
     if isinstance(raw, tuple):
         if not raw:
@@ -49,14 +50,17 @@ def parse(raw: Any, *, sampled_on_device: bool, owner: str) -> ModelOutput:
     if sampled_on_device:
         if raw.is_floating_point():
             raise ModelOutputError(f"{owner} was asked to sample on device but returned logits")
+        if rows is not None and (raw.dim() > 2 or raw.numel() != rows):
+            raise ModelOutputError(f"{owner} returned tokens of shape {tuple(raw.shape)}, expected [{rows}]")
         kept = logprobs if isinstance(logprobs, torch.Tensor) or _is_top_k_pair(logprobs) else None
         return ModelOutput(tokens=raw.reshape(-1).to(torch.int64), logprobs=kept)
-    if not raw.is_floating_point() or raw.dim() != 3:
-        raise ModelOutputError(f"{owner} returned {tuple(raw.shape)} {raw.dtype}, expected float logits [rows, S, V]")
+    if not raw.is_floating_point() or raw.dim() != 3 or (rows is not None and raw.shape[0] != rows):
+        expected = f"[{rows}, S, V]" if rows is not None else "[rows, S, V]"
+        raise ModelOutputError(f"{owner} returned {tuple(raw.shape)} {raw.dtype}, expected float logits {expected}")
     return ModelOutput(logits=raw[:, -1, :].float())
 
 
-def read_decode(model: Any, raw: Any, *, sampled_on_device: bool) -> ModelOutput:
+def read_decode(model: Any, raw: Any, *, sampled_on_device: bool, rows: int | None = None) -> ModelOutput:
     """Bring a decode result to the host (synchronously) and parse it."""
     if not is_host_output(raw):
         process = getattr(model, "process_decode_output_host", None)
@@ -66,4 +70,5 @@ def read_decode(model: Any, raw: Any, *, sampled_on_device: bool) -> ModelOutput
                 "has no process_decode_output_host()"
             )
         raw = process(raw, is_tokens=sampled_on_device)
-    return parse(raw, sampled_on_device=sampled_on_device, owner=f"{type(model).__qualname__}.decode_forward")
+    return parse(raw, sampled_on_device=sampled_on_device, owner=f"{type(model).__qualname__}.decode_forward",
+                 rows=rows)

@@ -20,6 +20,7 @@ from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.runner import mm_inputs, model_output, step_metrics
 from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
@@ -66,11 +67,12 @@ class TTModelRunner:
         self._kv_cache: Any = None
         """Opaque to the runner: whatever the model's ``allocate_kv_cache`` returned."""
         self._pending: _PendingStep | None = None
+        self.device_watch = DeviceWatch(config.readback_timeout_s)
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
             supports_async_decode=setup.capabilities.supports_async_decode, decode_trace=self.decode_trace,
             sampling=self.sampling.steady,
-            mesh_device=mesh_device,
+            mesh_device=mesh_device, watch=self.device_watch,
         )
         self.metrics = step_metrics.open_runner_metrics(vllm_config, self.batch, self.overlap.stats, mesh_device)
 
@@ -193,10 +195,11 @@ class TTModelRunner:
         decision = self.sampling.decide(plan)
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         output: model_output.ModelOutput | InFlightStep
-        if plan.phase is Phase.PREFILL:
-            output = self._prefill(plan, decision)
-        else:
-            output = self._decode(plan, decision)
+        with self.device_watch.call(f"{plan.phase.value} step"):  # one TTDeviceError per failing call
+            if plan.phase is Phase.PREFILL:
+                output = self._prefill(plan, decision)
+            else:
+                output = self._decode(plan, decision)
         self._pending = _PendingStep(plan, decision, output)
         return None
 
@@ -248,8 +251,9 @@ class TTModelRunner:
             kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
         )
         if overlapped:
-            return self.overlap.submit(self.model, raw, plan.rows)
-        return model_output.read_decode(self.model, raw, sampled_on_device=on_device)
+            return self.overlap.submit(self.model, raw, plan.rows, num_slots)
+        return self.device_watch.read("decode readback", lambda: model_output.read_decode(
+            self.model, raw, sampled_on_device=on_device, rows=num_slots))
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from vllm.model_executor.models.gemma3_mm import Gemma3ForConditionalGeneration as VllmGemma3
 
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.host.models.checkpoint import CheckpointError, DecoderWeights, _SafetensorsFolder
@@ -35,6 +36,7 @@ from vllm_tt_platform.host.models.gemma3 import (
 from vllm_tt_platform.host.models.inputs import PrefillRow
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 from vllm_tt_platform.host.models.siglip import SiglipConfig, SiglipVisionTower, load_siglip_weights
+from vllm_tt_platform.host.models.vllm_surface import vllm_multimodal_processing
 
 TEXT_PREFIXES: tuple[str, ...] = ("language_model.model.", "model.language_model.")
 """Where checkpoints keep the text decoder (transformers 5 writes the first)."""
@@ -234,6 +236,7 @@ def load_gemma3_vl_decoder(folder: Path, config: Gemma3VLConfig) -> Gemma3VLDeco
     )
 
 
+@vllm_multimodal_processing(VllmGemma3)
 class HostGemma3ForConditionalGeneration(HostGemma3ForCausalLM):
     """Gemma 3 with images: prefill rows carry ``pixel_values``; the rest is Gemma 3 text."""
 

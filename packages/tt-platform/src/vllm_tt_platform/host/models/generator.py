@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.faults import DelayPoint
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.device_time import ModelDims
 from vllm_tt_platform.host.models import paged_kv
@@ -331,6 +332,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         slots: list[int], sampling_params: Any, history: Any, output_tokens: Any,
         inserts: list[PrefillInserts | None],
     ) -> Any:
+        self.queue.faults.delay(DelayPoint.PREFILL)
         if self.synthetic is not None:
             last = torch.tensor([row.end - 1 for row in rows])
             logits = self.synthetic.logits(tokens[torch.arange(len(rows)), last], last)
@@ -404,6 +406,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         self, tokens: torch.Tensor, positions: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV],
         sampling_params: Any, prompt_tokens: Any, output_tokens: Any, reset: bool,
     ) -> Any:
+        self.queue.faults.delay(DelayPoint.DECODE)
         if sampling_params is None:
             self.slots.host_sampled()
         else:
