@@ -461,3 +461,63 @@ def test_lane_numbered_blocks_become_lane_local_in_every_group() -> None:
     assert prefill.page_tables_per_layer[0][0].tolist() == [0, 0, 7, 8, 0, 0, 0, 0]  # row 0: the call's first
     assert not prefill.page_tables_per_layer[0][1].any()
     assert torch.equal(prefill.page_table, prefill.page_tables_per_layer[0][:1])
+
+
+# ---- latent attention (MLA): one latent per token, one group --------------------------------
+
+LATENT = 48
+"""``kv_lora_rank + qk_rope_head_dim`` of the MLA test model."""
+
+
+class LatentModel(HybridModel):
+    """Declares multi-head latent attention on every layer (DeepSeek V3's spec)."""
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, KVCacheSpec]:
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.float32)
+        return {f"model.layers.{i}.self_attn": spec for i in range(LAYERS)}
+
+
+class LatentLegacyModel(RecordingModel):
+    """Declares MLA but allocates through the legacy call only (every layer has one shape)."""
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, KVCacheSpec]:
+        return LatentModel.get_kv_cache_spec(vllm_config)
+
+
+def test_an_mla_group_is_sized_like_full_attention_at_one_latent_per_token(model_dir: str) -> None:
+    engine = Engine(model_dir, LatentModel)
+    budget = engine.runner.kv_budget()
+    assert [(g.kind, g.num_layers, g.blocks) for g in budget.groups] == [("mla", LAYERS, cdiv(131_072 + BLOCK * 2, BLOCK))]
+    assert budget.bytes_per_block == LAYERS * BLOCK * LATENT * 4  # no separate V
+    assert engine.kv_config.num_blocks == budget.blocks
+    layout = engine.runner.kv.layout
+    assert layout is not None and [g.kind for g in layout.groups] == ["mla"]
+    assert "mla layers [0, 1, 2, 3]" in layout.describe()
+
+
+def test_an_mla_group_allocates_one_latent_tensor_per_layer(model_dir: str) -> None:
+    engine = Engine(model_dir, LatentModel)
+    (_, per_layer), = engine.model.allocations
+    shape = (engine.kv_config.num_blocks, 1, BLOCK, LATENT)
+    assert per_layer == [(shape, torch.float32, i) for i in range(LAYERS)]
+    legacy = Engine(model_dir, LatentLegacyModel)
+    assert legacy.model.allocations == [("allocate_kv_cache", (legacy.kv_config.num_blocks, 1, BLOCK, LATENT),
+                                         torch.float32, LAYERS)]
+
+
+def test_an_mla_group_pages_every_layer_through_vllms_blocks_under_preemption(model_dir: str) -> None:
+    engine = Engine(model_dir, LatentModel, num_blocks=18)  # too few blocks for both requests at once
+    engine.add("a", 60, 70)
+    engine.add("b", 60, 70)
+    engine.run()
+    assert engine.preempted > 0, "the pool was big enough: nothing was preempted"
+    for call in engine.model.calls:
+        for row, (req_id, computed) in rows_of(engine, call).items():
+            expected = expected_row(engine, 0, call.vllm_blocks[req_id][0], computed)
+            assert 0 not in expected[: cdiv(computed + 1, BLOCK)]  # nothing of an MLA group is dropped
+            for table in call.kwargs["page_tables_per_layer"]:
+                assert table[row].tolist() == expected

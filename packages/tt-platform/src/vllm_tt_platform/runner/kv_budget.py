@@ -3,8 +3,9 @@
 vLLM's hybrid KV cache manager draws every group's blocks from one pool, so a request holds
 blocks in each group at once: in a full-attention group its whole sequence, in a sliding-window
 group at most the window plus the tokens in flight (vLLM's per-request admission cap). Each full
-group gets the model's token pool (``get_max_tokens_all_users``, tt-metal's sizing) plus one
-block of headroom per row; each sliding group gets room for every row at its cap. tt-metal adds
+or latent-attention (MLA) group gets the model's token pool (``get_max_tokens_all_users``,
+tt-metal's sizing) plus one block of headroom per row; each sliding group gets room for every
+row at its cap. tt-metal adds
 sliding headroom of the same kind (``W x rows x 8`` tokens, for a group count it cannot know
 yet); here vLLM's own grouping of the spec gives the groups exactly.
 
@@ -18,7 +19,12 @@ from dataclasses import dataclass
 
 from vllm.config import VllmConfig
 from vllm.utils.math_utils import cdiv
-from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import (
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
 
 from vllm_tt_platform import compat
 
@@ -26,7 +32,8 @@ from vllm_tt_platform import compat
 @dataclass(frozen=True)
 class GroupBudget:
     kind: str
-    """``full`` or ``sliding``."""
+    """``full``, ``sliding`` or ``mla`` (latent attention: sized like full attention, one
+    latent per token instead of K and V)."""
     num_layers: int
     sliding_window: int | None
     blocks: int
@@ -73,7 +80,8 @@ class KVBudget:
                 groups.append(GroupBudget("sliding", len(group.layer_names), group_spec.sliding_window,
                                           rows * cap, cap))
             else:
-                groups.append(GroupBudget("full", len(group.layer_names), None,
+                kind = "mla" if isinstance(group_spec, MLAAttentionSpec) else "full"
+                groups.append(GroupBudget(kind, len(group.layer_names), None,
                                           cdiv(pool_tokens + size * rows, size), cdiv(max_model_len, size)))
         # vLLM refuses to start unless one max_model_len request fits (besides the null block).
         blocks = max(sum(g.blocks for g in groups), sum(g.blocks_per_request for g in groups)) + 1

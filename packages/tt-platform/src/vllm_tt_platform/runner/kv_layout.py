@@ -23,6 +23,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
@@ -61,9 +62,14 @@ class KVGroup:
     retained_tokens: int = 0
     """Tokens below a request's first scheduled position its attention still reads (vLLM's
     ``SlidingWindowSpec.num_retained_tokens``); only meaningful for a sliding group."""
+    latent: bool = False
+    """Multi-head latent attention (``MLAAttentionSpec``): one latent per token, one "head",
+    no separate V; paged like full attention."""
 
     @property
-    def kind(self) -> Literal["full", "sliding"]:
+    def kind(self) -> Literal["full", "sliding", "mla"]:
+        if self.latent:
+            return "mla"
         return "full" if self.sliding_window is None else "sliding"
 
     def first_live_block(self, num_computed_tokens: int) -> int:
@@ -75,7 +81,7 @@ class KVGroup:
         return max(num_computed_tokens - self.retained_tokens, 0) // self.block_size
 
     def describe(self) -> str:
-        kind = "full" if self.sliding_window is None else f"sliding(W={self.sliding_window})"
+        kind = self.kind if self.sliding_window is None else f"sliding(W={self.sliding_window})"
         return f"{kind} layers {list(self.layers)}"
 
 
@@ -139,8 +145,9 @@ def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec:
         spec = spec.kv_cache_specs[name]
     if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)):
         raise TTUnsupportedFeatureError(
-            f"KV cache spec of {name}", type(spec).__name__, "FullAttentionSpec or SlidingWindowSpec",
-            "declare full or sliding-window attention in get_kv_cache_spec()",
+            f"KV cache spec of {name}", type(spec).__name__,
+            "FullAttentionSpec, SlidingWindowSpec or MLAAttentionSpec",
+            "declare full, sliding-window or latent attention in get_kv_cache_spec()",
         )
     return spec
 
@@ -151,6 +158,8 @@ def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
     if isinstance(spec, SlidingWindowSpec):
         return KVGroup(index, layers, spec.block_size, spec.sliding_window,
                        spec.sliding_window - 1 + spec.extra_retained_tokens)
+    if isinstance(spec, MLAAttentionSpec):
+        return KVGroup(index, layers, spec.block_size, None, latent=True)
     # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every
     # block: to the runner it is a full group.
     return KVGroup(index, layers, spec.block_size, None)
