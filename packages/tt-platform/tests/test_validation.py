@@ -51,12 +51,12 @@ CASES = [
      TTUnsupportedFeatureError, "--kv-transfer-config"),
     ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
-    (
-        "spec",
-        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
+    (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
+        "spec-method",
+        {"speculative_config": {"method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
         {},
         TTUnsupportedFeatureError,
-        "--speculative-config",
+        "--speculative-config method",
     ),
     ("pooling", {"runner": "pooling"}, {}, TTUnsupportedFeatureError, "--runner"),
     (

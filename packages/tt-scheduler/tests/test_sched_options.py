@@ -10,7 +10,7 @@ def test_defaults() -> None:
     assert SchedulerOptions.from_additional_config(None) == SchedulerOptions(
         DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
     )
-    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens"}
+    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens", "_step_cost"}
 
 
 def test_values_are_read() -> None:
@@ -74,10 +74,10 @@ def test_unsupported_vllm_features_are_refused() -> None:
         check_vllm_config(vllm_config, Options(), 64)
 
 
-def test_speculative_decoding_is_refused() -> None:
+def test_speculative_decoding_is_accepted() -> None:
+    """Verify steps are decode steps (issue 19): the scheduler no longer refuses drafts."""
     from types import SimpleNamespace
 
     from vllm_tt_scheduler.requirements import check_vllm_config
 
-    with pytest.raises(ValueError, match="speculative decoding is not supported"):
-        check_vllm_config(SimpleNamespace(speculative_config=object()), SchedulerOptions(), 64)
+    check_vllm_config(SimpleNamespace(speculative_config=object()), SchedulerOptions(), 64)

@@ -43,6 +43,10 @@ class ModelCapabilities:
     """``prefill_forward(return_all_logits=True)`` returns logits for every computed position
     (``[B, T, V]``, right-aligned), so the runner can serve ``prompt_logprobs``; without it
     such requests are rejected up front instead of silently getting none."""
+    supports_verify_decode: bool = False
+    """``decode_forward`` runs verify steps of speculative decoding: ``tokens [B, 1 + K]`` with
+    ``num_valid_tokens`` (the contract's ``VERIFY_KWARG``) returns logits ``[B, 1 + K, V]``
+    after every position, writing the KV of every real one; needed for ``--speculative-config``."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)

@@ -20,6 +20,7 @@ __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
     "ROPE_DELTAS_KWARG",
+    "VERIFY_KWARG",
     "OPTIONAL_METHODS",
     "REQUIRED_METHODS",
     "CallShape",
@@ -98,7 +99,10 @@ class TTModel(Protocol):
         and must neither write KV nor matter. Returns logits ``[B, 1, V]`` or tokens ``[B]``
         (optionally with logprobs), or a device handle when ``read_from_device`` is false.
 
-        An mRoPE model also gets :data:`ROPE_DELTAS_KWARG` on every decode call."""
+        An mRoPE model also gets :data:`ROPE_DELTAS_KWARG` on every decode call.
+
+        A verify step of speculative decoding (``supports_verify_decode``) sends
+        ``tokens [B, 1 + K]`` and :data:`VERIFY_KWARG`; see there."""
         ...
 
 
@@ -173,6 +177,16 @@ ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 (the decode position of a token is ``start_pos + delta``), 0 for padding rows."""
 
 
+VERIFY_KWARG = "num_valid_tokens"
+"""``decode_forward``'s verify-step argument (speculative decoding, ``supports_verify_decode``):
+int ``[B]``, slot order, how many of row ``r``'s ``1 + K`` tokens are real (its last token, then
+its drafts at the following positions; 0 for padding rows). The call returns float logits
+``[B, 1 + K, V]``, ``[r, j]`` after token ``j`` at position ``start_pos[r] + j``, and writes the
+KV of every real position (those of rejected drafts are overwritten by later steps). The runner
+samples a verify step on the host (vLLM's rejection sampler); ``sampling_params`` is not sent.
+Warmup gets ``verify_tokens=1 + K`` (``warmup_model_decode``) to capture the verify trace."""
+
+
 @dataclass(frozen=True)
 class CallShape:
     """How the runner calls one member: which arguments by position, which by keyword."""
@@ -225,7 +239,7 @@ CALLS: Mapping[str, CallShape] = {
                 "read_from_device",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "reset_batch", ROPE_DELTAS_KWARG),
+                       "reset_batch", ROPE_DELTAS_KWARG, VERIFY_KWARG),
         ),
         CallShape(
             "get_max_tokens_all_users",
@@ -252,6 +266,7 @@ CALLS: Mapping[str, CallShape] = {
                 "num_blocks",
                 "can_sample_on_device",
             ),
+            sometimes=("verify_tokens",),
         ),
     )
 }

@@ -14,7 +14,7 @@ from vllm.distributed.parallel_state import (
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_tt_platform.config.setup import resolve_setup
@@ -85,12 +85,14 @@ class TTWorker(WorkerBase):
         s = self.setup
         logger.info(
             "TT backend: %s backend (%s), %s; model %s from %s; sampling %s; trace_mode=%s; "
-            "warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
+            "speculation %s; warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
             s.config.mesh_backend, s.config.origin("mesh_backend"), s.topology.describe(), s.model.arch,
             s.model.source,
             f"on device ({s.config.sample_on_device_mode}) with per-batch host fallback"
             if s.config.sample_on_device_mode else "host (vLLM sampler)",
-            s.config.trace_mode, warmup_s, self.runner.num_blocks, self.runner.block_size,
+            s.config.trace_mode,
+            "off" if self.runner.spec_settings is None else self.runner.spec_settings.describe(s.topology.decode_rows),
+            warmup_s, self.runner.num_blocks, self.runner.block_size,
             s.config.summary(),
         )
 
@@ -103,8 +105,8 @@ class TTWorker(WorkerBase):
     def get_supported_tasks(self) -> tuple[str, ...]:
         return ("generate",)
 
-    def take_draft_token_ids(self) -> None:
-        return None
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        return self.runner.take_draft_token_ids()
 
     def sleep(self, level: int = 1) -> None:
         """``POST /sleep`` (dev mode) with level >= 1: vLLM would release the weights and KV cache,

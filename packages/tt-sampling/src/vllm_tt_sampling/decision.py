@@ -27,6 +27,7 @@ __all__ = [
     "SamplingPath",
     "SamplingStats",
     "choose_sampling_path",
+    "drafts_blocked_by",
     "to_device_params",
 ]
 
@@ -83,6 +84,7 @@ class RowSampling:
     thinking_budget: bool = False
     structured_output: bool = False
     intermediate_chunk: bool = False
+    seeded: bool = False
 
     @classmethod
     def from_vllm(
@@ -122,6 +124,7 @@ class RowSampling:
             thinking_budget=getattr(params, "thinking_token_budget", None) is not None,
             structured_output=structured_output or params.structured_outputs is not None,
             intermediate_chunk=intermediate_chunk,
+            seeded=params.seed is not None,
         )
 
 
@@ -189,15 +192,19 @@ def choose_sampling_path(
     prefill: bool,
     caps: DeviceSamplingCaps,
     always_compat: bool,
+    verify: bool = False,
 ) -> SamplingDecision:
     """Device sampling only when the operator enabled it for this step's phase (``prefill``:
     a prefill step, else a decode step) and every request uses only what the device does
     (greedy/temperature, top-k up to ``caps.max_top_k``, top-p, seed, penalties if declared,
-    logprobs up to ``caps.max_logprobs``)."""
+    logprobs up to ``caps.max_logprobs``). A ``verify`` step (speculative decoding) samples on
+    the host."""
     if not isinstance(prefill, bool):
         raise TypeError(f"prefill={prefill!r} must be a bool: True for a prefill step, False for a decode one.")
     if mode is None:
         return SamplingDecision(SamplingPath.HOST, "mode_off")
+    if verify:  # vLLM's rejection sampler needs every position's logits on the host
+        return SamplingDecision(SamplingPath.HOST, "verify_step")
     if always_compat:
         return SamplingDecision(SamplingPath.HOST, "always_compat")
     if mode is DeviceSamplingMode.DECODE_ONLY and prefill:
@@ -206,3 +213,26 @@ def choose_sampling_path(
         if any(breaks(row, caps, prefill) for row in requests):
             return SamplingDecision(SamplingPath.HOST, code)
     return SamplingDecision(SamplingPath.DEVICE, "device")
+
+
+_DRAFT_BLOCKERS: tuple[tuple[str, Callable[[RowSampling], bool]], ...] = (
+    ("logprobs", lambda r: r.logprobs is not None or r.logprob_token_ids),
+    ("penalties", lambda r: r.penalties),
+    ("structured_output", lambda r: r.structured_output),
+    ("logits_processors", lambda r: r.logits_processors or r.min_tokens or r.logit_bias or r.min_p
+     or r.allowed_token_ids or r.bad_words or r.thinking_budget),
+    ("seeded_sampling", lambda r: r.seeded and not r.greedy),
+)
+"""What keeps a verify step from using drafts: the host draws a seeded token from the counter
+stream (``SeedStream.COUNTER``), which vLLM's rejection sampler does not use; the rest is
+per-token state (logprobs, histories, grammars, processors) the verify path does not carry."""
+
+
+def drafts_blocked_by(requests: Sequence[RowSampling]) -> str | None:
+    """Why this verify step must run without its drafts (one token per row, as a plain decode
+    step would give), or None when vLLM's rejection sampler can verify them: greedy and plain
+    temperature/top-k/top-p rows."""
+    for code, blocks in _DRAFT_BLOCKERS:
+        if any(blocks(row) for row in requests):
+            return code
+    return None

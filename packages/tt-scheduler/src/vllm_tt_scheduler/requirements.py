@@ -14,16 +14,14 @@ from vllm_tt_scheduler.options import SchedulerOptions
 def check_vllm_config(vllm_config: Any, options: SchedulerOptions, max_step_tokens: int) -> None:
     """Raise ``ValueError`` when the config would let a step escape the three phases.
 
+    Speculative decoding is allowed: a step carrying drafts only schedules running rows past
+    their prefill (vLLM drops drafts of prefill chunks), so it is a decode step, one of
+    ``1 + K`` tokens per row (the runner classifies rows by computed tokens, not token count).
+
     When the model's largest prefill trace is below the step budget and vLLM's
     per-request chunk limit (``long_prefill_token_threshold``) is unset, it is set to
     that trace length, so vLLM never schedules a longer chunk.
     """
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        raise ValueError(
-            "speculative decoding is not supported by the TT phase scheduler: a decode "
-            "step would carry draft tokens no decode trace accepts; remove "
-            "--speculative-config"
-        )
     for name in ("kv_transfer_config", "ec_transfer_config"):
         if getattr(vllm_config, name, None) is not None:
             raise ValueError(

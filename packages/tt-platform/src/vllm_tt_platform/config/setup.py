@@ -20,6 +20,7 @@ from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, re
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
+    check_speculation,
     check_environment,
     check_vllm_features,
     restrict_modalities,
@@ -130,6 +131,11 @@ def configure(vllm_config: VllmConfig) -> None:
         prefix_caching_requested=bool(cache.enable_prefix_caching)
         and cli_flags.given("enable_prefix_caching"),
     )
+    check_speculation(vllm_config, caps, setup.model.arch, setup.topology.lanes)
+    if vllm_config.speculative_config is not None:
+        logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
+                    "synchronously; each verify step is sampled on the host).",
+                    vllm_config.speculative_config.method)
     request_checks.install(request_checks.RequestRules.of(setup.model.arch, caps))
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)

@@ -62,9 +62,12 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
             "several hosts use vLLM's multi-node data parallelism (--data-parallel-address, "
             "--headless; docs/multi-host.md)",
         )
-    if vllm_config.speculative_config is not None:
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.method not in SPECULATIVE_METHODS:
         raise TTUnsupportedFeatureError(
-            "--speculative-config", "set", "unset", "remove --speculative-config; speculative decoding is not supported on TT",
+            "--speculative-config method", spec.method, ", ".join(SPECULATIVE_METHODS),
+            'use --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+            "(docs/speculative-decoding.md); drafter models are not served on TT yet",
         )
     if vllm_config.lora_config is not None:
         raise TTUnsupportedFeatureError(
@@ -103,6 +106,38 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
                             "use --block-size 32 or 64")
 
 
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram",)
+"""``--speculative-config`` methods the TT runner serves (vLLM's ``NgramProposer`` on the host)."""
+
+
+def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str, lanes: int) -> None:
+    """Speculative decoding needs verify steps from the model and one lane (the lane
+    coordinator does not route drafts per lane yet)."""
+    if vllm_config.speculative_config is None:
+        return
+    if not caps.supports_verify_decode:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config", vllm_config.speculative_config.method,
+            f"unset for {arch}, whose model_capabilities do not declare supports_verify_decode",
+            "remove --speculative-config, or serve a model whose decode_forward runs verify steps "
+            "(model contract: VERIFY_KWARG)",
+        )
+    model = vllm_config.model_config
+    if model is not None and model.uses_mrope:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config", vllm_config.speculative_config.method,
+            f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
+            "remove --speculative-config",
+        )
+    if lanes > 1:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config", vllm_config.speculative_config.method,
+            f"unset with {lanes} lanes (--data-parallel-size folded into lanes)",
+            "remove --speculative-config or serve one lane (no --data-parallel-size): the lane "
+            "coordinator does not route drafts per lane yet",
+        )
+
+
 def check_capabilities(
     config: TTConfig, caps: ModelCapabilities, arch: str, *, async_requested: bool,
     prefix_caching_requested: bool,
@@ -136,6 +171,7 @@ def check_capabilities(
             "true while trace_mode captures traces (traces are captured during warmup)",
             "set enable_model_warmup true, or trace_mode none",
         )
+
 
 
 SERVED_MODALITIES: tuple[str, ...] = ("image",)

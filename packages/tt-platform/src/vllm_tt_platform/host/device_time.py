@@ -146,6 +146,17 @@ class ProgramCosts:
         bandwidth = mesh.chip.dram_bytes_per_s * mesh.devices * mesh.dram_efficiency
         return mesh.program_overhead_s + streamed / bandwidth + self._collectives_s(dims, mesh)
 
+    def verify_s(self, context_tokens: int, query_tokens: int) -> float:
+        """One verify step (speculative decoding): ``query_tokens`` positions over all rows,
+        ``context_tokens`` KV positions read. The weights are still read once, so the step
+        costs the larger of a decode step's DRAM time and its matmuls at ``query_tokens``."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        dims, mesh = self._model()
+        decode = self.decode_s(context_tokens)
+        matmul = 2 * dims.streamed_params * query_tokens / (mesh.chip.matmul_flops * mesh.devices * mesh.matmul_efficiency)
+        return max(decode, mesh.program_overhead_s + matmul + self._collectives_s(dims, mesh))
+
     def prefill_s(self, tokens: int, start: int) -> float:
         """One prefill row of ``tokens`` new positions after ``start`` cached ones."""
         if self.fixed_s is not None:

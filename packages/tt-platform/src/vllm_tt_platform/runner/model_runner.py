@@ -6,11 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    AsyncModelRunnerOutput,
+    DraftTokenIds,
+    ModelRunnerOutput,
+)
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
 from vllm_tt_sampling.decision import DeviceSamplingMode, SamplingDecision, SamplingPath
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
@@ -23,6 +29,7 @@ from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
+from vllm_tt_platform.runner.speculative import SpecSettings, Speculation, real_drafts
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
 from vllm_tt_platform.runner.step_sampling import StepSampling
 from vllm_tt_platform.runner.warmup_report import WarmupReport
@@ -33,8 +40,10 @@ logger = init_logger("vllm." + __name__)
 class _PendingStep:
     plan: StepPlan
     decision: SamplingDecision
-    output: model_output.ModelOutput | InFlightStep
-    """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``)."""
+    output: model_output.ModelOutput | InFlightStep | torch.Tensor
+    """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``); a verify
+    step's logits ``[num_slots, 1 + K, V]`` when it carried drafts."""
+    drafts: dict[str, list[int]]
 
 
 def _not_run(call: str, what: str) -> RuntimeError:
@@ -67,6 +76,9 @@ class TTModelRunner:
         self._kv_cache: Any = None
         """Opaque to the runner: whatever the model's ``allocate_kv_cache`` returned."""
         self._pending: _PendingStep | None = None
+        self.spec_settings = SpecSettings.of(vllm_config)
+        self._spec: Speculation | None = None
+        """Set by ``load_model`` when ``--speculative-config`` is given."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
@@ -90,6 +102,9 @@ class TTModelRunner:
             optimizations=self.setup.config.optimizations,
         )
         self.sampling.open_host_sampler(self.batch.num_slots)
+        if self.spec_settings is not None:
+            self._spec = Speculation(self.vllm_config, self.spec_settings, self.batch.num_slots,
+                                     self.sampling.host_sampler)
 
     @property
     def model_cls(self) -> type[TTModel]:
@@ -179,6 +194,7 @@ class TTModelRunner:
                     kv_cache=self.kv_cache, enable_trace=decode_trace,
                     max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
                     can_sample_on_device=mode is not None,
+                    **(self._spec.warmup_kwargs() if self._spec is not None else {}),
                 )
         report.log_summary()
 
@@ -192,15 +208,21 @@ class TTModelRunner:
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
-        decision = self.sampling.decide(plan)
+        drafts = real_drafts(out) if self._spec is not None and plan.phase is Phase.DECODE else {}
+        decision = self.sampling.decide(plan, verify=bool(drafts))
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
-        output: model_output.ModelOutput | InFlightStep
+        output: model_output.ModelOutput | InFlightStep | torch.Tensor
         with self.device_watch.call(f"{plan.phase.value} step"):  # one TTDeviceError per failing call
             if plan.phase is Phase.PREFILL:
                 output = self._prefill(plan, decision)
+            elif drafts and self._spec is not None:
+                inputs = DecodeInputs.build(plan.rows, self.batch.num_slots, self.table_width, self.num_blocks,
+                                            self.kv.layout)
+                output = self._spec.run_verify(self.model, inputs, plan.rows, drafts, self.kv_cache,
+                                               self.decode_trace)
             else:
                 output = self._decode(plan, decision)
-        self._pending = _PendingStep(plan, decision, output)
+        self._pending = _PendingStep(plan, decision, output, drafts)
         return None
 
     def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
@@ -262,7 +284,20 @@ class TTModelRunner:
         plan, output = pending.plan, pending.output
         if isinstance(output, InFlightStep):
             return self.overlap.async_output(output, grammar_output)
-        return self.sampling.sampled(plan, output, grammar_output)
+        producing = [r.state for r in plan.rows if r.produces_token]  # before their tokens are appended
+        if isinstance(output, torch.Tensor) and self._spec is not None:
+            result = self._spec.sampled(plan, output, pending.drafts, self.sampling, grammar_output)
+        elif isinstance(output, model_output.ModelOutput):
+            result = self.sampling.sampled(plan, output, grammar_output)
+        else:
+            raise TypeError(f"step output {type(output).__name__} without speculative decoding")
+        if self._spec is not None:
+            self._spec.produced(producing)
+        return result
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The next drafts for vLLM's scheduler (speculative decoding), or None."""
+        return self._spec.take_draft_token_ids() if self._spec is not None else None
 
     def close(self) -> None:
         """Say how the run sampled, close the traces and metrics."""

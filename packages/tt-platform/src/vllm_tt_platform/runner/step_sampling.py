@@ -96,8 +96,9 @@ class StepSampling:
         for state in added:
             self.prompt_logprobs.add(state.req_id, state.sampling_params, state.prompt_token_ids)
 
-    def decide(self, plan: StepPlan) -> SamplingDecision:
-        """Where this batch samples, and why; recorded in the stats and the sampling trace."""
+    def decide(self, plan: StepPlan, verify: bool = False) -> SamplingDecision:
+        """Where this batch samples, and why; recorded in the stats and the sampling trace.
+        ``verify``: a verify step of speculative decoding (always sampled on the host)."""
         rows = [
             RowSampling.from_vllm(
                 r.state.sampling_params,
@@ -109,7 +110,7 @@ class StepSampling:
             for r in plan.rows
         ]
         decision = choose_sampling_path(rows, mode=self.mode, prefill=plan.phase is Phase.PREFILL, caps=self.caps,
-                                        always_compat=self.always_compat)
+                                        always_compat=self.always_compat, verify=verify)
         self.stats.record(decision)
         self._step += 1
         phase = plan.phase.value

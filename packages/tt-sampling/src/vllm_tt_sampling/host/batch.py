@@ -152,12 +152,22 @@ class HostSamplingBatch:
             row_of_slot = {slot: row for row, slot in enumerate(slots)}
             mask_slots = self._grammar_slots(grammar_req_slots, grammar_req_ids)
             apply_grammar_bitmask(logits, grammar_bitmask, [row_of_slot.get(s) for s in mask_slots])
+        metadata = self._metadata(slots, requests)
+        uniforms = self._counter_uniforms(requests, positions)
+        return self._sampler.sample_counter(logits, metadata, uniforms)
+
+    def metadata(self, slots: Sequence[int]) -> SamplingMetadata:
+        """vLLM's ``SamplingMetadata`` of ``slots`` (row ``i`` = ``slots[i]``), as ``sample``
+        uses it; for vLLM's rejection sampler on verify steps."""
+        slots = list(slots)
+        return self._metadata(slots, [self._require(slot) for slot in slots])
+
+    def _metadata(self, slots: list[int], requests: list[SlotRequest]) -> SamplingMetadata:
         logitsprocs = self._processors.step(slots)
         key = (tuple(slots), self._version)
         if self._cached is None or self._cached[0] != key:
             self._cached = (key, build_metadata(requests, self.vocab_size, logitsprocs))
-        uniforms = self._counter_uniforms(requests, positions)
-        return self._sampler.sample_counter(logits, self._cached[1], uniforms)
+        return self._cached[1]
 
     def _counter_uniforms(
         self, requests: list[SlotRequest], positions: Sequence[int] | None

@@ -26,7 +26,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import DelayPoint
 from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.device_time import ModelDims
-from vllm_tt_platform.host.models import paged_kv
+from vllm_tt_platform.host.models import paged_kv, verify
 from vllm_tt_platform.host.models.checkpoint import load_decoder_weights, resolve_checkpoint_dir
 from vllm_tt_platform.host.models.config import DecoderConfig
 from vllm_tt_platform.host.models.decoder import HostDecoder, PrefillInserts
@@ -74,6 +74,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         "supports_device_penalties": True,
         "max_device_logprobs": 0,
         "supports_prompt_logprobs": True,
+        "supports_verify_decode": True,
         "prefill_trace_lens": list(PREFILL_BUCKETS),
     }
 
@@ -248,6 +249,9 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
                 device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, False), self._capture_s(None))
                 if can_sample_on_device:
                     device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, True), self._capture_s(None))
+                if kwargs.get("verify_tokens"):  # speculative decoding: one verify shape per K
+                    device.capture_trace(TraceKey.verify(self.lanes.rows_per_lane, kwargs["verify_tokens"]),
+                                         self._capture_s(None))
             return
         rows = self.max_batch_size
         self.decode_forward(
@@ -369,12 +373,16 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         """One step over the full fixed batch; row ``r`` is slot ``r``, ``start_pos == -1``
         marks padding. Returns logits ``[B, 1, V]`` or sampled tokens ``[B]`` as host tensors,
         or, with modelled device time and ``read_from_device=False``, a ``DecodeHandle``.
+        With ``num_valid_tokens`` it is a verify step over ``tokens [B, 1 + K]`` (``verify``).
 
         With ``sampling_params`` the device's own token and position are used for continuing
         slots (``DeviceSlots``); ``reset_batch`` says the layout changed. Slots never move, so
         ``slot_remap`` needs no action. ``page_tables_per_layer`` (hybrid KV), when sent,
         replaces ``page_table`` per layer."""
         tokens = torch.as_tensor(tokens)
+        if kwargs.get(verify.VERIFY_KWARG) is not None:  # a verify step: tokens [B, 1 + K]
+            return verify.verify_forward(self, tokens, start_pos, page_table, kv_cache, kwargs[verify.VERIFY_KWARG],
+                                         enable_trace, kwargs.get("page_tables_per_layer"))
         tokens = tokens[:, 0] if tokens.dim() == 2 else tokens.reshape(-1)
         positions = torch.as_tensor(start_pos).reshape(-1).long()
         page_table = torch.as_tensor(page_table)

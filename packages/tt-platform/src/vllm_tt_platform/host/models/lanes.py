@@ -83,3 +83,11 @@ class LaneLayout:
         every sub-mesh reads its own weights and its lane's KV, side by side."""
         context = (positions + 1).clamp(min=0).reshape(self.count, self.rows_per_lane).sum(dim=1)
         return max(costs.decode_s(int(tokens)) for tokens in context.tolist())
+
+    def verify_s(self, costs: ProgramCosts, start: torch.Tensor, valid: torch.Tensor) -> float:
+        """One verify step: row ``r`` computes ``valid[r]`` positions from ``start[r]`` (-1 =
+        padding), each lane on its own sub-mesh, side by side."""
+        live = start >= 0
+        context = torch.where(live, start + valid, 0).reshape(self.count, self.rows_per_lane).sum(dim=1)
+        queries = torch.where(live, valid, 0).reshape(self.count, self.rows_per_lane).sum(dim=1)
+        return max(costs.verify_s(int(c), int(q)) for c, q in zip(context.tolist(), queries.tolist(), strict=True))

@@ -47,9 +47,9 @@ class TraceKey:
     """One captured program shape on one (sub-)mesh."""
 
     phase: str
-    """``"prefill"`` or ``"decode"``."""
+    """``"prefill"``, ``"decode"`` or ``"verify"``."""
     length: int
-    """Padded tokens per row: the bucket for prefill, 1 for decode."""
+    """Padded tokens per row: the bucket for prefill, 1 for decode, ``1 + K`` for verify."""
     batch: int
     """Rows per program: 1 for prefill (rows run one by one), the lane's batch for decode."""
     device_sampling: bool
@@ -62,6 +62,11 @@ class TraceKey:
     @classmethod
     def decode(cls, lane_batch: int, device_sampling: bool) -> TraceKey:
         return cls("decode", 1, lane_batch, device_sampling)
+
+    @classmethod
+    def verify(cls, lane_batch: int, width: int) -> TraceKey:
+        """A verify step of speculative decoding: ``1 + K`` tokens per row, host-sampled."""
+        return cls("verify", width, lane_batch, False)
 
     def __str__(self) -> str:
         sampling = "+sampling" if self.device_sampling else ""

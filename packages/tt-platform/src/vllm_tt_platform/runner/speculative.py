@@ -1,0 +1,198 @@
+"""Speculative decoding in the runner: drafts in, verify step, drafts out.
+
+vLLM owns the machinery: its scheduler hands each running row's drafts in
+``scheduled_spec_decode_tokens`` (``-1``: a placeholder for a row that has none yet), its
+rejection sampler decides which drafts stand, its scheduler rolls back the rest and counts
+acceptance, and after each step its engine asks the worker for the next drafts
+(``take_draft_token_ids``), made here by vLLM's ``NgramProposer`` over each row's tokens.
+
+A step whose rows carry drafts is a *verify step*: a decode step of the fixed shape
+``[decode rows, 1 + K]`` (one trace per K), sampled on the host. When a row of the batch asks
+for something the verify path does not carry (logprobs, penalties, a grammar, a seeded draw:
+``vllm_tt_sampling.decision.drafts_blocked_by``), that step runs without drafts: each row takes
+the one token a plain decode step would give, and vLLM counts the drafts as rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm_tt_sampling.decision import RowSampling, drafts_blocked_by
+from vllm_tt_sampling.host import HostSamplingBatch
+from vllm_tt_sampling.host.speculative import DraftVerifier
+
+from vllm_tt_platform.runner.batch import RequestState
+from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.runner.step import DecodeInputs, ScheduledRow, StepPlan
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import GrammarOutput
+
+    from vllm_tt_platform.runner.step_sampling import StepSampling
+
+PLACEHOLDER = -1
+"""vLLM's draft id for "no draft here" (new or resumed rows, grammar-invalid drafts)."""
+
+VERIFY_KWARG = "num_valid_tokens"
+"""The contract's ``VERIFY_KWARG`` (``vllm_tt_models_registry.contract``)."""
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """What ``--speculative-config`` asked for, as the runner uses it."""
+
+    method: str
+    num_tokens: int
+    """K: drafts per row and step; a verify step carries ``1 + K`` tokens per row."""
+
+    @classmethod
+    def of(cls, vllm_config: VllmConfig) -> SpecSettings | None:
+        spec = vllm_config.speculative_config
+        if spec is None:
+            return None
+        return cls(str(spec.method), int(spec.num_speculative_tokens))
+
+    def describe(self, decode_rows: int) -> str:
+        """For the startup summary: the method, K and the verify trace shape."""
+        return f"{self.method}, K={self.num_tokens}, verify trace [{decode_rows} rows, {1 + self.num_tokens}]"
+
+
+def row_sampling(state: RequestState) -> RowSampling:
+    params = state.sampling_params
+    return RowSampling.from_vllm(params, structured_output=params.structured_outputs is not None,
+                                 intermediate_chunk=False, num_output_tokens=len(state.output_token_ids))
+
+
+def real_drafts(out: SchedulerOutput) -> dict[str, list[int]]:
+    """Each scheduled row's drafts up to its first placeholder; rows without any are left out."""
+    drafts = {}
+    for req_id, ids in out.scheduled_spec_decode_tokens.items():
+        kept = []
+        for token in ids:
+            if token == PLACEHOLDER:
+                break
+            kept.append(int(token))
+        if kept:
+            drafts[req_id] = kept
+    return drafts
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    """``decode_forward`` arguments of a verify step (the full fixed batch, by slot)."""
+
+    decode: DecodeInputs
+    tokens: torch.Tensor
+    """int32 ``[num_slots, 1 + K]``: each live row's last token, then its drafts, zero-padded."""
+    num_valid: torch.Tensor
+    """int32 ``[num_slots]``: real tokens per row (0: padding row)."""
+
+    @classmethod
+    def build(cls, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
+              num_tokens: int) -> VerifyInputs:
+        num_slots = decode.tokens.shape[0]
+        tokens = torch.zeros((num_slots, 1 + num_tokens), dtype=torch.int32)
+        tokens[:, 0] = decode.tokens[:, 0]
+        valid = torch.zeros(num_slots, dtype=torch.int32)
+        for r in rows:
+            row_drafts = drafts.get(r.state.req_id, [])
+            slot = r.state.slot
+            tokens[slot, 1 : 1 + len(row_drafts)] = torch.tensor(row_drafts, dtype=torch.int32)
+            valid[slot] = 1 + len(row_drafts)
+        return cls(decode, tokens, valid)
+
+
+class Speculation:
+    """The runner's speculative decoding: the verify step's inputs and acceptance, and the
+    n-gram drafts handed to vLLM after each step."""
+
+    def __init__(self, vllm_config: VllmConfig, settings: SpecSettings, num_slots: int,
+                 host_sampler: HostSamplingBatch) -> None:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # numba JIT: only when used
+
+        self.settings = settings
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.proposer = NgramProposer(vllm_config)
+        self.verifier = DraftVerifier(host_sampler, vllm_config.model_config.logprobs_mode)
+        self._token_ids = np.zeros((num_slots, self.max_model_len), dtype=np.int32)
+        self._num_tokens = np.zeros(num_slots, dtype=np.int32)
+        self._produced: list[RequestState] = []
+
+    def warmup_kwargs(self) -> dict[str, Any]:
+        """``warmup_model_decode`` also captures the verify trace of ``1 + K`` tokens."""
+        return {"verify_tokens": 1 + self.settings.num_tokens}
+
+    def drafts_usable(self, rows: list[ScheduledRow]) -> str | None:
+        """Why this verify step runs without drafts, or None (see the module docstring)."""
+        return drafts_blocked_by([row_sampling(r.state) for r in rows])
+
+    def accept(self, logits: torch.Tensor, rows: list[ScheduledRow], drafts: dict[str, list[int]]) -> list[list[int]]:
+        """Each row's tokens from a verify step's ``logits [num_slots, 1 + K, V]``."""
+        slots = [r.state.slot for r in rows]
+        return self.verifier.verify(logits[slots], slots, [drafts.get(r.state.req_id, []) for r in rows])
+
+    def run_verify(self, model: Any, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
+                   kv_cache: Any, enable_trace: bool) -> torch.Tensor:
+        """Submit the verify step and read its logits ``[num_slots, 1 + K, V]`` back."""
+        inputs = VerifyInputs.build(decode, rows, drafts, self.settings.num_tokens)
+        kwargs: dict[str, Any] = {VERIFY_KWARG: inputs.num_valid}
+        if decode.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
+        raw = model.decode_forward(
+            tokens=inputs.tokens, start_pos=decode.start_pos, page_table=decode.page_table, kv_cache=kv_cache,
+            enable_trace=enable_trace, read_from_device=True, **kwargs,
+        )
+        raw = model.process_decode_output_host(raw) if hasattr(model, "process_decode_output_host") else raw
+        expected = (*inputs.tokens.shape,)
+        if not isinstance(raw, torch.Tensor) or not raw.is_floating_point() or tuple(raw.shape[:2]) != expected:
+            shape = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+            raise ModelOutputError(
+                f"{type(model).__qualname__}.decode_forward returned {shape} for a verify step; expected "
+                f"float logits [{expected[0]}, {expected[1]}, V] (model contract: VERIFY_KWARG)"
+            )
+        return raw.float()
+
+    def sampled(self, plan: StepPlan, logits: torch.Tensor, drafts: dict[str, list[int]], sampling: StepSampling,
+                grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """The verify step's tokens per row (variable length: accepted drafts + one), appended
+        to the rows, as vLLM's scheduler reads them; or, when a row blocks drafts, one token a
+        row from the position after its last token."""
+        if self.drafts_usable(plan.rows) is not None:
+            single = StepPlan(plan.phase, [ScheduledRow(r.state, 1) for r in plan.rows])
+            return sampling.sampled(single, ModelOutput(logits=logits[:, 0]), grammar_output)
+        tokens = self.accept(logits, plan.rows, drafts)
+        for r, row_tokens in zip(plan.rows, tokens, strict=True):
+            r.state.output_token_ids.extend(row_tokens)
+        return ModelRunnerOutput(
+            req_ids=[r.state.req_id for r in plan.rows],
+            req_id_to_index={r.state.req_id: i for i, r in enumerate(plan.rows)},
+            sampled_token_ids=tokens,
+            logprobs=None,
+            prompt_logprobs_dict={},
+        )
+
+    def produced(self, states: list[RequestState]) -> None:
+        """The rows that gained tokens in the step just sampled (they get drafts next)."""
+        self._produced = states
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """vLLM's ``NgramProposer`` over the rows that produced a token last step; rows whose
+        sampling the verify path does not carry get no drafts (they decode one token a step)."""
+        states = [s for s in self._produced if drafts_blocked_by([row_sampling(s)]) is None]
+        self._produced = []
+        if not states:
+            return None
+        sampled: list[list[int]] = [[] for _ in range(self._token_ids.shape[0])]
+        for state in states:
+            tokens = state.token_ids(min(state.num_tokens, self.max_model_len))
+            self._token_ids[state.slot, : len(tokens)] = tokens
+            self._num_tokens[state.slot] = len(tokens)
+            sampled[state.slot] = [tokens[-1]]
+        drafts = self.proposer.propose(self.settings.num_tokens, sampled, self._num_tokens, self._token_ids)
+        return DraftTokenIds([s.req_id for s in states], [list(drafts[s.slot]) for s in states])

@@ -1,0 +1,55 @@
+"""The runner's side of speculative decoding: a step carrying drafts is a decode step (rows are
+classified by computed tokens, not by how many tokens they were scheduled), its inputs are the
+fixed ``[num_slots, 1 + K]`` verify shape, and vLLM's placeholders are not drafts."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.speculative import VerifyInputs, real_drafts
+from vllm_tt_platform.runner.step import DecodeInputs, StepPlan
+from vllm_tt_scheduler.phase import MixedStepError, Phase
+from vllm_tt_testing.scheduler_outputs import cached_requests as cached
+from vllm_tt_testing.scheduler_outputs import new_request as new
+from vllm_tt_testing.scheduler_outputs import scheduler_output as step
+
+K = 3
+
+
+def _decoding_batch() -> PersistentBatch:
+    batch = PersistentBatch(lanes=1, rows_per_lane=4)
+    batch.update(step([new("a", [1, 2, 3], [1]), new("b", [4, 5], [2])], scheduled={"a": 3, "b": 2}))
+    batch.requests["a"].output_token_ids.append(40)
+    batch.requests["b"].output_token_ids.append(50)
+    return batch
+
+
+def test_a_step_with_drafts_is_a_decode_step_of_the_verify_shape():
+    batch = _decoding_batch()
+    out = step(cached=cached(["a", "b"], [3, 2]), scheduled={"a": 1 + K, "b": 1})
+    out.scheduled_spec_decode_tokens = {"a": [7, 8, 9], "b": [-1, -1, -1]}  # b: vLLM's placeholders
+    batch.update(out)
+    plan = StepPlan.build(out, batch)
+    assert plan.phase is Phase.DECODE
+    drafts = real_drafts(out)
+    assert drafts == {"a": [7, 8, 9]}
+    decode = DecodeInputs.build(plan.rows, num_slots=4, table_width=3, blocks_per_lane=100)
+    inputs = VerifyInputs.build(decode, plan.rows, drafts, K)
+    assert inputs.tokens.tolist() == [[40, 7, 8, 9], [50, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert inputs.num_valid.tolist() == [4, 1, 0, 0]
+    assert decode.start_pos.tolist() == [3, 2, -1, -1]
+
+
+def test_partial_placeholders_end_a_rows_drafts():
+    out = step(scheduled={"a": 4})
+    out.scheduled_spec_decode_tokens = {"a": [5, -1, 6]}  # a grammar-invalid draft padded with -1
+    assert real_drafts(out) == {"a": [5]}
+
+
+def test_drafts_do_not_hide_a_mixed_step():
+    batch = _decoding_batch()
+    out = step([new("c", [6, 7, 8], [3])], cached(["a"], [3]), scheduled={"a": 1 + K, "c": 3})
+    out.scheduled_spec_decode_tokens = {"a": [7, 8, 9]}
+    batch.update(out)
+    with pytest.raises(MixedStepError):
+        StepPlan.build(out, batch)
