@@ -1,15 +1,18 @@
 """Gemma 3 text through vLLM's engine on the host mesh backend: hybrid KV (one cache group per
 layer kind, sliding-window blocks dropped by vLLM as the window moves on), greedy outputs equal
 to transformers' generate() for prompts far longer than the window, with requests running
-side by side and under KV pressure that forces preemption."""
+side by side and under KV pressure that forces preemption; and through ``vllm serve`` with
+24 concurrent OpenAI clients."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 
 import pytest
+from vllm_tt_testing.checkpoints import trained_checkpoint
 
-from tests.e2e.helpers import hf_greedy
+from tests.e2e.helpers import hf_greedy, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -21,9 +24,7 @@ WINDOW = 32
 def gemma3_checkpoint(tmp_path_factory):
     """The tiny Gemma 3 (sliding, sliding, full), trained so that greedy margins are not ties;
     the folder the host model tests build (same recipe), so a session builds it once."""
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
-
-    return build_tiny_checkpoint("gemma3", tmp_path_factory.getbasetemp() / "tiny-gemma3-trained-200", train_steps=200)
+    return trained_checkpoint(tmp_path_factory, "gemma3", 200)
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -125,3 +126,28 @@ def test_greedy_matches_transformers_with_device_sampling_and_overlap(gemma3_che
     finally:
         del llm
     _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 24))
+
+
+def test_serve_24_concurrent_clients_match_transformers(gemma3_checkpoint, tmp_path):
+    """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows: requests queue,
+    join running batches mid-flight and cross the window while others decode; each answer is
+    transformers' greedy continuation."""
+    import openai
+
+    prompts = _prompts(4, [5 + 13 * i for i in range(24)])
+    log = tmp_path / "serve.log"
+    args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
+    with serve(gemma3_checkpoint, *args, log=log) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+        def complete(prompt: list[int]) -> list[int]:
+            result = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=16, temperature=0.0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            ).model_dump()
+            return result["choices"][0]["token_ids"]
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            got = list(pool.map(complete, prompts))
+    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
+    assert "sliding(W=32)" in log.read_text()

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+from vllm_tt_testing.checkpoints import trained_checkpoint
 
 from tests.e2e.helpers import hf_greedy, serve
 
@@ -27,9 +28,7 @@ TRAIN_STEPS = 200
 
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory) -> Path:
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
-
-    return build_tiny_checkpoint("gpt_oss", tmp_path_factory.mktemp("tiny") / "gpt_oss", TRAIN_STEPS)
+    return trained_checkpoint(tmp_path_factory, "gpt_oss", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +57,31 @@ def test_offline_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected):
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     del llm
     bad = _mismatches(prompts, [list(r.outputs[0].token_ids) for r in results], expected)
+    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+
+
+def test_offline_greedy_matches_transformers_under_preemption(gpt_oss_dir):
+    """20 blocks of 32 tokens for four requests that each grow to ~200 tokens: vLLM preempts and
+    later recomputes requests (one prefill of prompt and generated tokens, past the window, with
+    the sinks and routed experts), and every output is still transformers'."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(12)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (40, 50, 60, 70, 45, 55)]
+    llm = LLM(
+        model=str(gpt_oss_dir), max_num_seqs=ROWS, max_model_len=256, seed=0, block_size=32,
+        num_gpu_blocks_override=20, enable_prefix_caching=False, disable_log_stats=False,
+        additional_config={"tt": {"mesh_backend": "host"}},
+    )
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True)
+        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    finally:
+        del llm
+    assert preemptions > 0
+    bad = _mismatches(prompts, [list(r.outputs[0].token_ids) for r in results], hf_greedy(gpt_oss_dir, prompts, 150))
     assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
 
 

@@ -20,8 +20,8 @@ from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models import HOST_MODELS
 from vllm_tt_platform.host.models.gemma3 import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError
-from vllm_tt_platform.host.tiny import build_tiny_checkpoint
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.checkpoints import trained_checkpoint
 
 BLOCK = 16
 NUM_BLOCKS = 128
@@ -36,8 +36,7 @@ TRAIN_STEPS = 200
 def checkpoint(tmp_path_factory):
     """The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real.
     Built once per session: tests/e2e/test_gemma3_serve.py reuses the folder (same recipe)."""
-    folder = tmp_path_factory.getbasetemp() / f"tiny-gemma3-trained-{TRAIN_STEPS}"
-    return build_tiny_checkpoint("gemma3", folder, train_steps=TRAIN_STEPS)
+    return trained_checkpoint(tmp_path_factory, "gemma3", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from vllm_tt_platform.host.models.gpt_oss import HostGptOssForCausalLM, sink_att
 from vllm_tt_platform.host.models.gpt_oss_config import GptOssConfig
 from vllm_tt_platform.host.models.moe import moe_mlp
 from vllm_tt_platform.host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
-from vllm_tt_platform.host.tiny import build_tiny_checkpoint
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.checkpoints import trained_checkpoint
 
 BLOCK = 16
 NUM_BLOCKS = 48
@@ -39,7 +39,7 @@ TRAIN_STEPS = 200
 @pytest.fixture(scope="session")
 def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT-OSS, briefly trained so greedy margins are not ties."""
-    return build_tiny_checkpoint("gpt_oss", tmp_path_factory.mktemp("tiny") / "gpt_oss", TRAIN_STEPS)
+    return trained_checkpoint(tmp_path_factory, "gpt_oss", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="session")
