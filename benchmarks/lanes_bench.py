@@ -194,7 +194,7 @@ def device_time_available() -> bool:
     return any(f.name == "host_device_time" for f in fields(TTConfig))
 
 
-def _dp_bundle(root: Path) -> Path:
+def dense_bundle(root: Path) -> Path:
     """A bundle serving the host Llama without ``single_program_lanes``: vLLM's multi-process DP."""
     folder = root / "bundles" / "host_llama_dp"
     folder.mkdir(parents=True, exist_ok=True)
@@ -280,7 +280,7 @@ def end_to_end(quick: bool, root: Path) -> dict[str, Any]:
     lanes = _serve_and_measure(model, {**base, "MESH_DEVICE": "TG"}, root / "lanes.log", spec,
                                trace=root / "lanes-steps.jsonl")
     # Each rank opens its own (2,4) sub-mesh of the Galaxy.
-    dp = _serve_and_measure(model, {**base, "MESH_DEVICE": "(2,4)", "EXTRA_MODELS_DIR": str(_dp_bundle(root))},
+    dp = _serve_and_measure(model, {**base, "MESH_DEVICE": "(2,4)", "EXTRA_MODELS_DIR": str(dense_bundle(root))},
                             root / "dp.log", spec, trace=root / "dp-steps.jsonl")
     return {"status": "done", "device_time": E2E_DEVICE_TIME, "spec": asdict(spec),
             "runs": {"lanes": lanes, "multiprocess_dp": dp},

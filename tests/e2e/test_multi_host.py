@@ -12,84 +12,22 @@ What vLLM 0.33 does when a headless host dies is measured, not promised: docs/mu
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
-import os
 import random
 import re
-import signal
 import subprocess
 import textwrap
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.helpers import free_port, hf_greedy, vllm_command
+from tests.e2e.helpers import hf_greedy, two_hosts
 
 pytestmark = pytest.mark.e2e
 
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
-
-
-@dataclass
-class Hosts:
-    url: str
-    head: subprocess.Popen
-    headless: subprocess.Popen
-    head_log: Path
-    headless_log: Path
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(vllm_command("serve", *args), env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-@contextlib.contextmanager
-def two_hosts(model: Path, root: Path, dp: int, local: int, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 420.0) -> Iterator[Hosts]:
-    """Head (ranks 0..local-1, OpenAI server) and one headless host (the next ``local`` ranks)."""
-    port, rpc = free_port(), free_port()
-    full_env = {**os.environ, "TT_MESH_BACKEND": "host", "VLLM_HOST_IP": "127.0.0.1", **(env or {})}
-    common = [str(model), "--data-parallel-size", str(dp), "--data-parallel-size-local", str(local),
-              "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc), *args]
-    head_log, headless_log = root / "head.log", root / "headless.log"
-    head = _start([*common, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-                   "--api-server-count", "1"], full_env, head_log)
-    headless = _start([*common, "--headless", "--data-parallel-start-rank", str(local)], full_env, headless_log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            for proc, log in ((head, head_log), (headless, headless_log)):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{log.stem} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the head did not become healthy in {timeout}s")
-            time.sleep(2)
-        yield Hosts(url, head, headless, head_log, headless_log)
-    finally:
-        _stop(headless)
-        _stop(head)
 
 
 def _client(url: str) -> Any:

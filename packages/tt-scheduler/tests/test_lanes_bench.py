@@ -47,7 +47,7 @@ def test_dp_bundle_registers_the_host_llama_without_lanes(tmp_path: Path) -> Non
 
     try:
         bench = load_bench()
-        bundles = bench._dp_bundle(tmp_path)
+        bundles = bench.dense_bundle(tmp_path)
     finally:
         del sys.modules["lanes_bench"]
     registry = load_registry("host", environ={"EXTRA_MODELS_DIR": str(bundles)})
