@@ -26,6 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by file path (tests)
 sys.path.insert(0, str(REPO / "testing"))  # vllm_tt_testing: the in-repo test support
+from device_clock import StepCost  # noqa: E402
 from report import write_results  # noqa: E402
 from workload import Arrival, TraceDriver, TraceSpec, make_trace, run_alternating  # noqa: E402
 
@@ -69,6 +70,8 @@ class Run:
     scheduler: str  # "stock" or "tt"
     prefill_burst: int | None = None
     prefill_hold: float | None = None
+    step_cost: StepCost | None = None
+    """``tt`` only: hand the scheduler this cost model (the cost-aware policy)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def simulated_engine(run: Run, spec: TraceSpec) -> Any:
     """The simulated engine (``vllm_tt_testing.scheduler_sim.Engine``) ``run`` asks for."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm_tt_scheduler import TTScheduler, record_prefill_trace_lens
+    from vllm_tt_scheduler.cost import record_step_cost
     from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
     engine = ENGINES[run.engine]
@@ -105,6 +109,8 @@ def simulated_engine(run: Run, spec: TraceSpec) -> Any:
         tt["prefill_hold"] = run.prefill_hold
     if engine.prefill_trace_max is not None:
         record_prefill_trace_lens(tt, [engine.prefill_trace_max])
+    if run.step_cost is not None:
+        record_step_cost(tt, run.step_cost.scheduler_model())
     config = SimConfig(
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
@@ -179,112 +185,6 @@ def count_calls(run: Run, trace: list[Arrival], spec: TraceSpec) -> dict[str, fl
     return {origin: count / steps for origin, count in calls.items()}
 
 
-DEVICE_MODEL = "llama-3.1-8b@N150"
-"""The mesh whose modelled device time turns steps into seconds (``vllm_tt_platform.host.device_time``)."""
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """Modelled device time of one engine step, from the host backend's cost model.
-
-    A step is one forward pass: it streams the weights and the KV it reads once (a decode
-    step's time), and its prefill rows add matmul time; it takes the longer of the two.
-    The stock scheduler's mixed steps are costed the same way, as if a mesh could run them.
-    So prefill tokens cost device time under either scheduler, and what the phase
-    restriction adds is visible: a prefill step in which the running decodes get nothing.
-    """
-
-    costs: Any
-    """A ``vllm_tt_platform.host.device_time.ProgramCosts``."""
-
-    @classmethod
-    def of(cls, spec: str) -> StepCost:
-        from vllm_tt_platform.host.device_time import MODEL_PROFILES, parse_device_time
-        from vllm_tt_platform.mesh.shape import MESH_PRESETS
-
-        parsed = parse_device_time(spec)
-        assert parsed.mesh_preset is not None and parsed.model in MODEL_PROFILES
-        dims = MODEL_PROFILES[parsed.model]
-        return cls(parsed.resolve(dims, MESH_PRESETS[parsed.mesh_preset], parsed.mesh_preset))
-
-    def seconds(self, prefill_rows: list[tuple[int, int]], decode_context: int) -> float:
-        """``prefill_rows``: (new tokens, cached tokens) per row; ``decode_context``: KV
-        positions the decode rows read."""
-        stream = self.costs.decode_s(decode_context)
-        if not prefill_rows:
-            return float(stream)
-        return float(max(stream, sum(self.costs.prefill_s(tokens, start) for tokens, start in prefill_rows)))
-
-    def step_unit(self, trace: TraceSpec, rows: int) -> float:
-        """Seconds per trace step: the stock scheduler's mean step at saturation (a decode
-        step, plus its share of prefill time), so that a trace's load keeps its meaning."""
-        prompt = (trace.prompt_min + trace.prompt_max) // 2
-        output = (trace.output_min + trace.output_max) / 2
-        decode = self.costs.decode_s(int(rows * (prompt + output / 2)))
-        return float(decode + rows / output * self.costs.prefill_s(prompt, 0))
-
-
-@dataclass(frozen=True)
-class TimedResult:
-    engine: str
-    load: float
-    scheduler: str
-    prefill_hold: float | None
-    decode_step_s: float
-    """One decode step of the modelled mesh: the unit the latencies below are given in."""
-    ttft_decode_steps: float
-    itl_decode_steps: float
-
-
-class TimedDriver(TraceDriver):
-    """A run on a modelled device clock: trace steps become seconds (``StepCost.step_unit``),
-    and each engine step takes its modelled device time."""
-
-    def __init__(self, run: Run, trace: list[Arrival], spec: TraceSpec, cost: StepCost) -> None:
-        super().__init__(simulated_engine(run, spec), trace)
-        self.run = run
-        self.cost = cost
-        self.unit = cost.step_unit(spec, ENGINES[run.engine].max_num_seqs)
-        self.clock = 0.0
-        self.prompts = {arrival.req_id: arrival.prompt_len for arrival in trace}
-        self.arrived = {arrival.req_id: arrival.step * self.unit for arrival in trace}
-        self.computed: dict[str, int] = {}
-        self.ends: dict[int, float] = {}
-
-    def due(self, arrival: Arrival) -> bool:
-        return arrival.step * self.unit <= self.clock
-
-    def idle(self, upcoming: Arrival) -> None:
-        self.clock = upcoming.step * self.unit
-
-    def stepped(self, record: Any) -> None:
-        for req_id in record.preempted:
-            self.computed[req_id] = 0  # resumes by recomputing its tokens
-        prefill, context = [], 0
-        for req_id, tokens in record.scheduled.items():
-            start = self.computed.get(req_id, 0)
-            if tokens > 1 or start < self.prompts[req_id]:
-                prefill.append((tokens, start))
-            else:
-                context += start
-            self.computed[req_id] = start + tokens
-        self.clock += self.cost.seconds(prefill, context)
-        self.ends[record.index] = self.clock
-
-    def result(self) -> TimedResult:
-        ttfts, gaps, intervals = [], 0.0, 0
-        for req_id, log in self.sim.logs.items():
-            first, last = self.ends[log.token_steps[0]], self.ends[log.token_steps[-1]]
-            ttfts.append(first - self.arrived[req_id])
-            gaps += last - first
-            intervals += len(log.token_steps) - 1
-        unit = self.cost.costs.decode_s(0)
-        return TimedResult(
-            self.run.engine, self.run.load, self.run.scheduler, self.run.prefill_hold, unit,
-            statistics.fmean(ttfts) / unit, gaps / intervals / unit,
-        )
-
-
 @dataclass(frozen=True)
 class Plan:
     """Which runs make up the benchmark."""
@@ -298,13 +198,10 @@ class Plan:
     bursts: tuple[int, ...]
     burst_load: float
     call_count_requests: int
-    timed_loads: tuple[float, ...]
-    timed_holds: tuple[float, ...]
-    """Holds also run on the modelled device clock (at ``timed_loads[0]``)."""
 
 
-FULL = Plan(2000, 0.9, 3, (0.6, 0.8, 1.0), (0.0, 0.15, 0.5, 1.0), 0.6, (1, 4), 0.6, 600, (0.6, 0.8, 0.9), (0.0, 0.15, 0.5, 1.0))
-QUICK = Plan(40, 0.9, 1, (), (0.0,), 0.9, (1,), 0.9, 20, (0.9,), (0.0,))
+FULL = Plan(2000, 0.9, 3, (0.6, 0.8, 1.0), (0.0, 0.15, 0.5, 1.0), 0.6, (1, 4), 0.6, 600)
+QUICK = Plan(40, 0.9, 1, (), (0.0,), 0.9, (1,), 0.9, 20)
 
 
 def benchmark(plan: Plan) -> dict[str, Any]:
@@ -364,32 +261,9 @@ def benchmark(plan: Plan) -> dict[str, Any]:
 
     latency = _latency_rows(results)
     return {
-        "host_cost": host_cost, "latency": latency, "timed": _timed(plan, trace_for),
+        "host_cost": host_cost, "latency": latency,
         "runs": [asdict(r) for r in results],
     }
-
-
-def _timed(plan: Plan, trace_for: Any) -> dict[str, Any]:
-    """TTFT and ITL on the modelled device clock, TT relative to stock at each load."""
-    from vllm_tt_scheduler import DEFAULT_PREFILL_HOLD
-
-    cost = StepCost.of(DEVICE_MODEL)
-    rows = []
-    for load in plan.timed_loads:
-        spec, trace = trace_for(load)
-        runs = [Run("ample", load, "stock"), Run("ample", load, "tt")]
-        if load == plan.timed_loads[0]:
-            runs += [Run("ample", load, "tt", prefill_hold=hold) for hold in plan.timed_holds]
-        stock, *tts = run_alternating([TimedDriver(run, trace, spec, cost) for run in runs])
-        rows.append({**asdict(stock), "ttft_vs_stock": None, "itl_vs_stock": None})
-        for tt in tts:
-            hold = DEFAULT_PREFILL_HOLD if tt.prefill_hold is None else tt.prefill_hold
-            rows.append({
-                **asdict(tt), "prefill_hold": hold,
-                "ttft_vs_stock": tt.ttft_decode_steps / stock.ttft_decode_steps,
-                "itl_vs_stock": tt.itl_decode_steps / stock.itl_decode_steps,
-            })
-    return {"device_model": DEVICE_MODEL, "decode_step_s": cost.costs.decode_s(0), "rows": rows}
 
 
 def _latency_rows(results: list[RunResult]) -> list[dict[str, Any]]:
@@ -453,23 +327,6 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['itl_steps']:.3f} | {row['max_gap_steps']} | {row['steps']} "
             f"| {row['prefill_steps']} / {row['decode_steps']} / {row['mixed_steps']} "
             f"| {row['preemptions']} |"
-        )
-    timed = result["timed"]
-    lines += [
-        "",
-        f"On the modelled device clock ({timed['device_model']}, one decode step "
-        f"{timed['decode_step_s'] * 1e3:.1f} ms; latencies in decode steps):",
-        "",
-        "| load | scheduler | prefill_hold | mean TTFT | TTFT vs stock | mean ITL | ITL vs stock |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in timed["rows"]:
-        hold = ttft = itl = "-"
-        if row["scheduler"] == "tt":
-            hold, ttft, itl = f"{row['prefill_hold']:g}", f"{row['ttft_vs_stock']:.2f}x", f"{row['itl_vs_stock']:.3f}x"
-        lines.append(
-            f"| {row['load']} | {row['scheduler']} | {hold} | {row['ttft_decode_steps']:.1f} | {ttft} "
-            f"| {row['itl_decode_steps']:.3f} | {itl} |"
         )
     return "\n".join(lines) + "\n"
 

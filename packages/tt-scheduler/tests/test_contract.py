@@ -17,6 +17,7 @@ from vllm_tt_scheduler import (
     record_prefill_trace_lens,
 )
 from vllm_tt_scheduler.lanes.shape import LANES_KEY, ROWS_PER_LANE_KEY, BlockNumbering, LaneShape
+from vllm_tt_scheduler.cost import STEP_COST_KEY
 from vllm_tt_scheduler.options import PREFILL_HOLD, PREFILL_TRACE_LENS_KEY
 
 
@@ -75,7 +76,7 @@ def test_user_options_declare_what_the_platform_derives_its_fields_from() -> Non
         ("prefill_hold", float, DEFAULT_PREFILL_HOLD, 0),
     ]
     assert all(spec.doc for spec in USER_OPTIONS)
-    assert set(CONFIG_KEYS) == {spec.name for spec in USER_OPTIONS} | {PREFILL_TRACE_LENS_KEY}
+    assert set(CONFIG_KEYS) == {spec.name for spec in USER_OPTIONS} | {PREFILL_TRACE_LENS_KEY, STEP_COST_KEY}
     assert SchedulerOptions() == SchedulerOptions(DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None)
 
 

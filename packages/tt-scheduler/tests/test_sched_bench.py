@@ -1,5 +1,5 @@
-"""benchmarks/scheduler_bench.py --quick runs and writes the documented result schema
-(a smoke test: no timing is asserted)."""
+"""benchmarks/scheduler_bench.py and clock_bench.py --quick run and write the documented result
+schemas (smoke tests: no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,27 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "scheduler_bench.py"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def run_quick(name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[name] = bench  # dataclasses resolve their module
+    try:
+        spec.loader.exec_module(bench)
+        out_json, out_md = tmp_path / f"{name}.json", tmp_path / f"{name}.md"
+        assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    finally:
+        del sys.modules[name]
+    return json.loads(out_json.read_text()), out_md.read_text()
 
 
 def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("scheduler_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["scheduler_bench"] = bench  # dataclasses resolve their module
-    try:
-        spec.loader.exec_module(bench)
-        out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
-        assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
-    finally:
-        del sys.modules["scheduler_bench"]
-    result = json.loads(out_json.read_text())
+    result, table = run_quick("scheduler_bench", tmp_path)
     assert result["schema_version"] == 1 and result["quick"] is True
     assert set(result["host_cost"]) == {"ample", "pressure"}
     for entry in result["host_cost"].values():
@@ -35,12 +40,23 @@ def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
             assert row["mixed_steps"] == 0 and row["ttft_vs_stock"] > 0
             assert row["prefill_burst"] >= 1 and row["prefill_hold"] >= 0
     assert {row["engine"] for row in rows} == {"ample", "pressure", "trace256"}
-    timed = result["timed"]
-    assert timed["device_model"] == "llama-3.1-8b@N150" and timed["decode_step_s"] > 0
-    assert {row["scheduler"] for row in timed["rows"]} == {"stock", "tt"}
-    for row in timed["rows"]:
-        assert row["ttft_decode_steps"] > 0 and row["itl_decode_steps"] >= 1
-        assert (row["ttft_vs_stock"] is None) == (row["scheduler"] == "stock")
-    table = out_md.read_text()
     assert "host cost TT/stock per step" in table and "| trace256 |" in table
-    assert "On the modelled device clock (llama-3.1-8b@N150" in table
+
+
+def test_clock_quick_run_reports_what_users_feel_for_three_schedulers_on_two_meshes(tmp_path: Path) -> None:
+    result, table = run_quick("clock_bench", tmp_path)
+    assert result["schema_version"] == 1 and result["slo"] == {"ttft_decode_steps": 10.0, "itl_decode_steps": 1.25}
+    rows = result["rows"]
+    assert {(row["cost_model"], row["scheduler"]) for row in rows} == {
+        (model, scheduler) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG")
+        for scheduler in ("stock", "tt-steps", "tt-cost")
+    }
+    for row in rows:
+        assert 0 < row["ttft_mean_ms"] <= row["ttft_p99_ms"] and 0 < row["itl_mean_ms"] <= row["itl_p99_ms"]
+        assert 0 <= row["goodput"] <= 1 and row["slo_unit_ms"] > 0 and row["host_us_per_step"] > 0
+        assert (row["mixed_steps"] == 0) == (row["scheduler"] != "stock")
+        assert (row["ttft_mean_ms_vs_stock"] is None) == (row["scheduler"] == "stock")
+    assert {(c["cost_model"], c["scheduler"]) for c in result["targets"]} == {
+        (model, scheduler) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG") for scheduler in ("tt-steps", "tt-cost")
+    }
+    assert "On the modelled device clock of llama-3.3-70b@TG" in table and "| tt-cost |" in table

@@ -10,7 +10,7 @@ def test_defaults() -> None:
     assert SchedulerOptions.from_additional_config(None) == SchedulerOptions(
         DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
     )
-    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens"}
+    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens", "_step_cost"}
 
 
 def test_values_are_read() -> None:

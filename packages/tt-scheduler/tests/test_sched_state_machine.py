@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,10 +26,11 @@ from hypothesis import Phase as HypothesisPhase
 from hypothesis import strategies as st
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm_tt_scheduler import DEFAULT_PREFILL_BURST, Phase, TTAsyncScheduler, TTScheduler
+from vllm_tt_scheduler.cost import STEP_COST_KEY, RooflineStepCost
 from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request
 
 STEPS_PER_EXAMPLE = 400
-EXAMPLES_PER_TARGET = 13  # 2 targets x 13 x 400 = 10,400 steps, plus the drains
+EXAMPLES_PER_TARGET = 13  # 3 targets x 13 x 400 = 15,600 steps, plus the drains
 MAX_IDLE_STEPS_WITH_READY_WORK = 2
 MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
@@ -48,7 +49,20 @@ class Target:
     the prefill burst bound holds exactly."""
 
 
+# Prompts over ~20 tokens are compute-bound here, so the cost-aware policy both splits and batches.
+STEP_COST = RooflineStepCost(program_s=1e-4, weights_s=0.02, kv_s_per_token=1e-6, prefill_s_per_token=1e-3,
+                             attention_s_per_token_pair=1e-6)
+
+
+def with_step_cost(config: SimConfig) -> SimConfig:
+    """The engine with a step cost model handed in: the cost-aware policy."""
+    return replace(config, tt={**config.tt, STEP_COST_KEY: STEP_COST.to_dict()})
+
+
 TARGETS = {
+    "cost": Target(
+        lambda config: build_scheduler(TTScheduler, with_step_cost(config)), 1, lambda s: [s.kv_cache_manager], True
+    ),
     "sync": Target(
         lambda config: build_scheduler(TTScheduler, config), 1, lambda s: [s.kv_cache_manager], True
     ),

@@ -15,6 +15,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_tt_scheduler.cost import STEP_COST_KEY, RooflineStepCost, read_step_cost
+
 
 @dataclass(frozen=True)
 class OptionSpec[T: (int, float)]:
@@ -68,7 +70,7 @@ PREFILL_TRACE_LENS_KEY = "_prefill_trace_lens"
 
 #: Keys this package reads from ``additional_config["tt"]``. ``_``-prefixed keys are
 #: set by the platform, never by users.
-CONFIG_KEYS = (*(spec.name for spec in USER_OPTIONS), PREFILL_TRACE_LENS_KEY)
+CONFIG_KEYS = (*(spec.name for spec in USER_OPTIONS), PREFILL_TRACE_LENS_KEY, STEP_COST_KEY)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ class SchedulerOptions:
     """Largest prefill chunk per request (the model's largest prefill trace length),
     or None when the model declares no trace shapes (the step budget then rules)."""
 
+    step_cost: RooflineStepCost | None = None
+    """Modelled step times of the served model and mesh (``cost``): the phase policy then
+    decides by time (``cost_policy``); None counts steps (``policy.PhasePolicy``)."""
+
     @classmethod
     def from_additional_config(cls, additional_config: object) -> SchedulerOptions:
         """Read the ``tt`` section; raise ``ValueError`` naming the key on a bad value."""
@@ -99,6 +105,7 @@ class SchedulerOptions:
             prefill_burst=PREFILL_BURST.read(tt),
             prefill_hold=PREFILL_HOLD.read(tt),
             prefill_chunk_cap=_chunk_cap(tt.get(PREFILL_TRACE_LENS_KEY)),
+            step_cost=read_step_cost(tt),
         )
 
 

@@ -28,6 +28,12 @@ class WorkView(NamedTuple):
     (e.g. its grammar failed to compile and must be finished as an error)."""
     steps: int = 1
     """Prefill steps those admissions take (more than one when prompts are chunked)."""
+    partial_tokens: int = 0
+    """Tokens the running partial prefills get in the next prefill step."""
+    prompts: tuple[int, ...] = ()
+    """Prefill tokens of each admission, in queue order (``AdmissionPlan.needs``)."""
+    context: int = 0
+    """KV positions the running decodes read (filled only for the cost-aware policy)."""
 
 
 @dataclass
@@ -63,6 +69,10 @@ class PhasePolicy:
         if self.debt + view.admissible >= view.decodes * view.steps * self.hold_ratio:
             return Phase.PREFILL
         return Phase.DECODE
+
+    def prefill_tokens(self, view: WorkView) -> int | None:
+        """The token budget of the prefill pass; None: the admission plan's (all it admits)."""
+        return None
 
     def observe(self, phase: Phase, view: WorkView) -> None:
         """Account for the step that was actually scheduled."""

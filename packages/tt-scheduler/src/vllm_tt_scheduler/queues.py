@@ -56,6 +56,9 @@ class AdmissionPlan(NamedTuple):
     """A request needs vLLM's scan to change state (a failed grammar to report)."""
     settled: bool = True
     """Only plain waiting requests were seen: the plan holds while the queue does."""
+    needs: tuple[int, ...] = ()
+    """Prefill tokens of each admission this step, in queue order (the cost-aware policy may
+    admit only the first few)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ def plan_admissions(
     else:
         return AdmissionPlan(0, tokens, steps, None, False, False)
     count = 0
+    needs: list[int] = []
     head: Request | None = None
     full = must_scan = False
     settled = not sched.kv_holding_waiting
@@ -145,6 +149,7 @@ def plan_admissions(
             tokens += need
             steps = steps or 1
             count += 1
+            needs.append(need)
             continue
         need_steps = cdiv(need, chunk)
         first = min(chunk, budget - tokens)
@@ -158,7 +163,8 @@ def plan_admissions(
         tokens += first
         steps = max(steps, need_steps)
         count += 1
-    return AdmissionPlan(count, tokens, steps, head, full, must_scan, settled)
+        needs.append(first)
+    return AdmissionPlan(count, tokens, steps, head, full, must_scan, settled, tuple(needs))
 
 
 class AdmissionPlanner:

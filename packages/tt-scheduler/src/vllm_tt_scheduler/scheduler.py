@@ -20,11 +20,12 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.compat import SchedulerBackports
+from vllm_tt_scheduler.cost_policy import policy_for
 from vllm_tt_scheduler.kv_fit import KVFit
 from vllm_tt_scheduler.options import SchedulerOptions
 from vllm_tt_scheduler.passes import decode_pass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
-from vllm_tt_scheduler.policy import PhasePolicy, WorkView
+from vllm_tt_scheduler.policy import WorkView
 from vllm_tt_scheduler.queues import AdmissionPlanner, running_partials, size_reader
 from vllm_tt_scheduler.requirements import check_vllm_config
 from vllm_tt_scheduler.trace import NullStepTrace, QueueSnapshot, StepTrace, open_step_trace
@@ -56,7 +57,7 @@ class PhaseScheduling(SchedulerBackports):
         options = SchedulerOptions.from_additional_config(self.vllm_config.additional_config)
         check_vllm_config(self.vllm_config, options, self.max_num_scheduled_tokens)
         self.tt_options = options
-        self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
+        self.phase_policy = policy_for(options)
         self.last_phase = Phase.EMPTY
         self._vllm_schedule = super().schedule  # bound once: a pass runs every step, per lane
         self._partials: list[Request] = []
@@ -78,11 +79,17 @@ class PhaseScheduling(SchedulerBackports):
         """The policy settings in force, for the startup log."""
         options = self.tt_options
         cap = options.prefill_chunk_cap or f"step budget ({self.max_num_scheduled_tokens})"
-        return f"prefill_burst={options.prefill_burst}, prefill_hold={options.prefill_hold:g}, prefill chunk cap={cap}"
+        if options.step_cost is None:
+            policy = f"step-counted policy (no step cost model), prefill_hold={options.prefill_hold:g}"
+        else:
+            policy = f"cost-aware policy, step cost model: {options.step_cost.description}"
+        return f"{policy}, prefill_burst={options.prefill_burst}, prefill chunk cap={cap}"
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         view = self.work_view()
         plan = self.phase_policy.plan(view)
+        if plan is Phase.PREFILL and view.prompts:
+            self._prefill_tokens = self.phase_policy.prefill_tokens(view) or self._prefill_tokens
         output = self.run_pass(plan, throttle_prefills)
         retried = False
         if output.total_num_scheduled_tokens == 0:
@@ -117,7 +124,9 @@ class PhaseScheduling(SchedulerBackports):
             return WorkView(decodes, pending.count, 0, must_scan=plan.must_scan)
         if plan.tokens:
             self._prefill_tokens = plan.tokens
-        return WorkView(decodes, pending.count, plan.admitted, plan.full, plan.must_scan, max(plan.steps, 1))
+        context = self._kv_tokens() if self.tt_options.step_cost is not None else 0
+        return WorkView(decodes, pending.count, plan.admitted, plan.full, plan.must_scan, max(plan.steps, 1),
+                        pending.tokens, plan.needs, context)
 
     def run_pass(self, plan: Phase, throttle_prefills: bool, retry: bool = False) -> SchedulerOutput:
         """One vLLM scheduling pass that sees only ``plan``'s work (EMPTY: a prefill pass).
@@ -180,6 +189,12 @@ class PhaseScheduling(SchedulerBackports):
             partials = [r for r in partials if r.status is _RUNNING and r.is_prefill_chunk]
             self._partials = partials
         return partials
+
+    def _kv_tokens(self) -> int:
+        """KV positions in use (blocks held x block size): what a decode step reads, closely
+        enough for its modelled time, at the cost of one counter read."""
+        pool = self.kv_cache_manager.block_pool
+        return (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * self.block_size
 
     def _free_slots(self) -> int:
         """Requests that may still be admitted into running (vLLM stops admitting at 0)."""

@@ -103,6 +103,12 @@ class TTConfig:
         "one decode step can legitimately take longer.", minimum=0.1))
     prefill_burst: int = _scheduler_opt(PREFILL_BURST)
     prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
+    step_cost: str | None = field(default=None, metadata=_opt(
+        "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
+        "and how many prompts share a prefill step by modelled device time (the cost-aware "
+        "policy; `prefill_hold` is then unused). Unset: the step-counted policy. "
+        "See docs/scheduling.md.", check=_device_time,
+        allowed="`served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`; a duration (`40ms`)"))
     host_device_time: str | None = field(default=None, metadata=_opt(
         "Host backend only: make the emulated device take modelled time. Programs then run on "
         "the device's own thread and complete no earlier than their duration, and readbacks "

@@ -25,6 +25,7 @@ from vllm_tt_platform.config.startup_checks import (
     check_vllm_features,
     restrict_modalities,
 )
+from vllm_tt_platform.config.step_cost import hand_step_cost
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
@@ -151,6 +152,8 @@ def configure(vllm_config: VllmConfig) -> None:
     hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures or []]
     if caps.prefill_trace_lens:
         record_prefill_trace_lens(tt, caps.prefill_trace_lens)
+    if setup.config.step_cost is not None:
+        hand_step_cost(tt, setup.config.step_cost, hf_config, setup.topology)
 
     vllm_config.parallel_config.worker_cls = WORKER_CLS
     if setup.topology.lanes > 1:

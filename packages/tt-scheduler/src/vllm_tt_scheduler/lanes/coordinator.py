@@ -51,7 +51,7 @@ class _Step(NamedTuple):
 def combine_views(views: Iterable[WorkView]) -> WorkView:
     """The whole engine's work: a prefill step stalls every lane's decodes, and runs every
     lane's admissions and chunks."""
-    decodes, partials, admissible, full, must_scan, steps = zip(*views, strict=True)
+    decodes, partials, admissible, full, must_scan, steps, *_ = zip(*views, strict=True)
     return WorkView(sum(decodes), sum(partials), sum(admissible), any(full), any(must_scan), max(steps))
 
 

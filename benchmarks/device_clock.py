@@ -1,0 +1,201 @@
+"""The scheduler benchmark on a modelled device clock: what users feel, in milliseconds.
+
+Each engine step takes the time the host backend's device-time model gives it
+(``vllm_tt_platform.host.device_time``): a step streams the weights and the KV it reads once (a
+decode step's time) and its prefill rows add matmul time; it takes the longer of the two. vLLM's
+stock scheduler's mixed steps are costed the same way, as if a mesh could run them. Reported per
+run: mean and p99 time to first token, mean and p99 inter-token latency (over every interval),
+and goodput, the share of requests meeting both SLOs (``SLO_TTFT_STEPS``, ``SLO_ITL_STEPS``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from workload import Arrival, TraceDriver, TraceSpec
+
+SLO_TTFT_STEPS = 10.0
+"""Goodput's TTFT bound, in decode-step times (``StepCost.slo_unit_s``)."""
+SLO_ITL_STEPS = 1.25
+"""Goodput's bound on a request's mean inter-token latency, in decode-step times."""
+COST_MODELS = ("llama-3.1-8b@N150", "llama-3.3-70b@TG")
+"""The meshes whose modelled device time turns steps into seconds."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Modelled device time of one engine step, from the host backend's cost model."""
+
+    spec: str
+    costs: Any
+    """A ``vllm_tt_platform.host.device_time.ProgramCosts``."""
+
+    @classmethod
+    def of(cls, spec: str) -> StepCost:
+        from vllm_tt_platform.host.device_time import MODEL_PROFILES, parse_device_time
+        from vllm_tt_platform.mesh.shape import MESH_PRESETS
+
+        parsed = parse_device_time(spec)
+        if parsed.mesh_preset is None or parsed.model not in MODEL_PROFILES:
+            raise ValueError(f"{spec!r}: name a model profile and a mesh preset, e.g. {COST_MODELS[0]}")
+        dims = MODEL_PROFILES[parsed.model]
+        return cls(spec, parsed.resolve(dims, MESH_PRESETS[parsed.mesh_preset], parsed.mesh_preset))
+
+    def scheduler_model(self) -> Any:
+        """The same costs as the platform hands them to the scheduler (``tt._step_cost``)."""
+        from vllm_tt_platform.config.step_cost import roofline
+
+        return roofline(self.costs, f"{self.spec}: {self.costs.description}")
+
+    def seconds(self, prefill_rows: list[tuple[int, int]], decode_context: int) -> float:
+        """``prefill_rows``: (new tokens, cached tokens) per row; ``decode_context``: KV
+        positions the decode rows read."""
+        stream = self.costs.decode_s(decode_context)
+        if not prefill_rows:
+            return float(stream)
+        return float(max(stream, sum(self.costs.prefill_s(tokens, start) for tokens, start in prefill_rows)))
+
+    def step_unit(self, trace: TraceSpec, rows: int) -> float:
+        """Seconds per trace step: the stock scheduler's mean step at saturation (a decode
+        step, plus its share of prefill time), so that a trace's load keeps its meaning."""
+        prompt = (trace.prompt_min + trace.prompt_max) // 2
+        output = (trace.output_min + trace.output_max) / 2
+        return float(self.slo_unit_s(trace, rows) + rows / output * self.costs.prefill_s(prompt, 0))
+
+    def slo_unit_s(self, trace: TraceSpec, rows: int) -> float:
+        """One decode step of a full batch at the trace's mean context: the SLOs' unit."""
+        prompt = (trace.prompt_min + trace.prompt_max) // 2
+        output = (trace.output_min + trace.output_max) / 2
+        return float(self.costs.decode_s(int(rows * (prompt + output / 2))))
+
+
+@dataclass(frozen=True)
+class TimedResult:
+    cost_model: str
+    engine: str
+    load: float
+    scheduler: str
+    """``stock``, ``tt-steps`` (the step-counted policy) or ``tt-cost`` (the cost-aware one)."""
+    prefill_hold: float | None
+    slo_unit_ms: float
+    ttft_mean_ms: float
+    ttft_p99_ms: float
+    itl_mean_ms: float
+    itl_p99_ms: float
+    goodput: float
+    prefill_steps: int
+    decode_steps: int
+    mixed_steps: int
+    preemptions: int
+    host_us_per_step: float
+    """``schedule()`` + ``update_from_output()`` per engine step, on this machine."""
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+class TimedDriver(TraceDriver):
+    """A run on a modelled device clock: trace steps become seconds (``StepCost.step_unit``),
+    and each engine step takes its modelled device time."""
+
+    def __init__(self, sim: Any, label: dict[str, Any], trace: list[Arrival], spec: TraceSpec,
+                 cost: StepCost, rows: int) -> None:
+        super().__init__(sim, trace)
+        self.label = label
+        self.cost = cost
+        self.unit = cost.step_unit(spec, rows)
+        self.slo_unit = cost.slo_unit_s(spec, rows)
+        self.clock = 0.0
+        self.prompts = {arrival.req_id: arrival.prompt_len for arrival in trace}
+        self.arrived = {arrival.req_id: arrival.step * self.unit for arrival in trace}
+        self.computed: dict[str, int] = {}
+        self.ends: dict[int, float] = {}
+
+    def due(self, arrival: Arrival) -> bool:
+        return arrival.step * self.unit <= self.clock
+
+    def idle(self, upcoming: Arrival) -> None:
+        self.clock = upcoming.step * self.unit
+
+    def stepped(self, record: Any) -> None:
+        for req_id in record.preempted:
+            self.computed[req_id] = 0  # resumes by recomputing its tokens
+        prefill, context = [], 0
+        for req_id, tokens in record.scheduled.items():
+            start = self.computed.get(req_id, 0)
+            if tokens > 1 or start < self.prompts[req_id]:
+                prefill.append((tokens, start))
+            else:
+                context += start
+            self.computed[req_id] = start + tokens
+        self.clock += self.cost.seconds(prefill, context)
+        self.ends[record.index] = self.clock
+
+    def result(self) -> TimedResult:
+        from vllm_tt_scheduler import Phase
+
+        ttfts, gaps, good = [], [], 0
+        for req_id, log in self.sim.logs.items():
+            times = [self.ends[step] for step in log.token_steps]
+            ttft = times[0] - self.arrived[req_id]
+            own = [b - a for a, b in zip(times, times[1:], strict=False)]
+            ttfts.append(ttft)
+            gaps += own
+            mean_itl = statistics.fmean(own) if own else 0.0
+            good += ttft <= SLO_TTFT_STEPS * self.slo_unit and mean_itl <= SLO_ITL_STEPS * self.slo_unit
+        ms = 1e3
+        return TimedResult(
+            **self.label, slo_unit_ms=self.slo_unit * ms,
+            ttft_mean_ms=statistics.fmean(ttfts) * ms, ttft_p99_ms=p99(ttfts) * ms,
+            itl_mean_ms=statistics.fmean(gaps) * ms, itl_p99_ms=p99(gaps) * ms,
+            goodput=good / len(ttfts), prefill_steps=self.phases[Phase.PREFILL],
+            decode_steps=self.phases[Phase.DECODE], mixed_steps=self.phases[None], preemptions=self.preemptions,
+            host_us_per_step=(self.sim.host.schedule + self.sim.host.update) * 1e6 / max(self.sim.host.steps, 1),
+        )
+
+
+def versus_stock(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each TT row with its ratios to the stock row of the same cost model, engine and load."""
+    stock = {(r["cost_model"], r["engine"], r["load"]): r for r in rows if r["scheduler"] == "stock"}
+    for row in rows:
+        base = stock[(row["cost_model"], row["engine"], row["load"])]
+        for field in ("ttft_mean_ms", "itl_mean_ms", "goodput", "host_us_per_step"):
+            row[f"{field}_vs_stock"] = None if row is base or not base[field] else row[field] / base[field]
+    return rows
+
+
+def timed_markdown(timed: dict[str, Any]) -> list[str]:
+    """One table per cost model: every run, TT relative to stock at the same KV pool and load."""
+    slo = timed["slo"]
+    lines = []
+    for model in timed["cost_models"]:
+        rows = [row for row in timed["rows"] if row["cost_model"] == model]
+        lines += [
+            f"On the modelled device clock of {model} (SLO unit: one full-batch decode step, "
+            f"{rows[0]['slo_unit_ms']:.1f} ms; goodput: TTFT <= {slo['ttft_decode_steps']:g} and mean ITL <= "
+            f"{slo['itl_decode_steps']:g} of those):",
+            "",
+            "| KV pool | load | scheduler | prefill_hold | TTFT mean / p99 (ms) | ITL mean / p99 (ms) | goodput "
+            "| TTFT vs stock | ITL vs stock | goodput vs stock | prefill / decode / mixed steps | preemptions "
+            "| host cost per step vs stock |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            def ratio(key: str, row: dict[str, Any] = row) -> str:
+                return "-" if row[key] is None else f"{row[key]:.2f}x"
+
+            hold = "-" if row["prefill_hold"] is None else f"{row['prefill_hold']:g}"
+            lines.append(
+                f"| {row['engine']} | {row['load']} | {row['scheduler']} | {hold} "
+                f"| {row['ttft_mean_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['itl_mean_ms']:.1f} / "
+                f"{row['itl_p99_ms']:.0f} | {row['goodput']:.2f} | {ratio('ttft_mean_ms_vs_stock')} "
+                f"| {ratio('itl_mean_ms_vs_stock')} | {ratio('goodput_vs_stock')} "
+                f"| {row['prefill_steps']} / {row['decode_steps']} / {row['mixed_steps']} | {row['preemptions']} "
+                f"| {ratio('host_us_per_step_vs_stock')} |"
+            )
+        lines.append("")
+    return lines
