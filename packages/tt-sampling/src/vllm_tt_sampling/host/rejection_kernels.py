@@ -11,6 +11,8 @@ kernel of the same name does per program id; the algorithm and everything around
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _MODULE = "vllm.v1.sample.rejection_sampler"
@@ -126,7 +128,7 @@ def register() -> None:
     from vllm.triton_utils.dispatcher import KernelOverride
 
     module = importlib.import_module(_MODULE)
-    bodies = {
+    bodies: dict[str, Callable[..., None]] = {
         "rejection_greedy_sample_kernel": rejection_greedy_sample,
         "rejection_random_sample_kernel": rejection_random_sample,
         "expand_kernel": expand,

@@ -62,7 +62,10 @@ def verify_forward(
         for device in model.lanes.devices:
             device.replay_trace(key)
     costs = model.costs
-    duration = model.lanes.verify_s(costs, start.where(valid > 0, -1), valid) if costs is not None else 0.0
+    duration = 0.0
+    if costs is not None:  # the step, then the read-back of every position's logits (float32)
+        duration = model.lanes.verify_s(costs, start.where(valid > 0, -1), valid)
+        duration += costs.readback_s(tokens.numel() * model.config.vocab_size * 4)
     program = functools.partial(_verify_program, model, tokens, steps, tables, kv_cache)
     return model.queue.submit(program, duration).result()
 
