@@ -93,6 +93,6 @@ def test_troubleshooting_lists_every_error_type():
 
     page = (DOCS / "troubleshooting.md").read_text()
     for name in ("TTConfigError", "TTUnsupportedFeatureError", "TTUnsupportedRequestError", "TTDeviceNotFoundError", "TraceNotCapturedError",
-                 "MixedStepError", "BundleError"):
+                 "MixedStepError", "BundleError", "TTDeviceError", "TTReadbackTimeoutError"):
         assert name in page, name
     assert errors.TTConfigError.__name__ in page
