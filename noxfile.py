@@ -66,6 +66,22 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session
+def streams(session: nox.Session) -> None:
+    """1,000 concurrent streams against one `vllm serve`, a quarter cut by the client; results in
+    benchmarks/results/streams.* (arguments go to benchmarks/streams.py, e.g. `-- --streams 2000`)."""
+    _install(session, NEWEST)
+    session.run("python", "benchmarks/streams.py", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Mixed traffic through one `vllm serve` for a while (`-- --minutes 30`, `-- --mesh-device TG`
+    for lanes); results in benchmarks/results/soak*.* (not in CI)."""
+    _install(session, NEWEST)
+    session.run("python", "benchmarks/soak.py", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, then mypy over every distribution and the benchmarks (settings in pyproject.toml, [tool.mypy])."""
     _install(session, NEWEST, *LINT_TOOLS)
