@@ -1,0 +1,142 @@
+"""A tiny Qwen2.5-VL checkpoint built from nothing: the host tiny model's locally trained BPE
+plus the Qwen image special tokens and a Qwen-style chat template, an image processor (4-pixel
+patches, merge 2, so a 32x32 image is 16 tokens), random weights trained briefly on the shipped
+corpus and on a synthetic captioning task (four kinds of synthetic image, each with its own
+caption), so that greedy margins are not ties and the image decides what follows it. Saved
+with ``save_pretrained`` (model, processor, tokenizer, chat template) so vLLM loads it offline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IMAGE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+KINDS = 4
+"""Synthetic image kinds; ``synthetic_image(kind, seed)`` draws one."""
+CAPTION_WORDS = 12
+TRAIN_STEPS = 150
+STAMP = ".vllm-tt-tiny-qwen-vl.json"
+RECIPE = {"format": 1, "train_steps": TRAIN_STEPS, "kinds": KINDS}
+
+
+def synthetic_image(kind: int, seed: int, size: tuple[int, int] = (32, 32)) -> np.ndarray:
+    """``[h, w, 3]`` uint8: kind 0..3 is a colour split along a direction, plus seeded noise."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    ys, xs = np.mgrid[0:h, 0:w]
+    split = [xs < w // 2, ys < h // 2, xs + ys < (h + w) // 2, (xs // 8 + ys // 8) % 2 == 0][kind % 4]
+    colours = np.array([[220, 40, 40], [40, 200, 60], [40, 60, 220], [230, 220, 40]], dtype=np.int16)
+    image = np.where(split[..., None], colours[kind % 4], colours[(kind + 2) % 4]).astype(np.int16)
+    image += rng.integers(-25, 26, image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def user_message(images: int, text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [*([{"type": "image"}] * images), {"type": "text", "text": text}]}]
+
+
+def build_tiny_qwen_vl(out: Path) -> Path:
+    """Write the checkpoint into ``out`` (idempotent per recipe) and return it."""
+    stamp = out / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()) == RECIPE:
+        return out
+    import torch
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+    )
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from vllm_tt_platform.host import tiny
+
+    tok = tiny.build_tokenizer()
+    tok.add_special_tokens(list(IMAGE_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=tiny.BOS, eos_token="<|im_end|>", pad_token=tiny.PAD, unk_token=None,
+        additional_special_tokens=list(IMAGE_TOKENS), model_max_length=tiny.MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    grid = {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
+            "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}}
+    processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**grid),
+                                    video_processor=Qwen2VLVideoProcessor(**grid), tokenizer=tokenizer,
+                                    chat_template=CHAT_TEMPLATE)
+    ids = {name: tok.token_to_id(name) for name in IMAGE_TOKENS}
+    special = {"bos_token_id": tok.token_to_id(tiny.BOS), "pad_token_id": tok.token_to_id(tiny.PAD),
+               "eos_token_id": ids["<|im_end|>"]}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=tiny.MAX_POSITIONS, **special,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                           temporal_patch_size=2, spatial_merge_size=2, window_size=16, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False, **special,
+    )
+    config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+        _train(model, processor, tok, tiny)
+    model.eval()
+    # No eos in the generation config: HF generate() then runs max_new_tokens, as vLLM does with ignore_eos.
+    model.generation_config = GenerationConfig(bos_token_id=special["bos_token_id"],
+                                               pad_token_id=special["pad_token_id"])
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    stamp.write_text(json.dumps(RECIPE))
+    return out
+
+
+def captions(tiny: Any) -> list[str]:
+    """One caption per image kind: the first words of a corpus paragraph."""
+    paragraphs = [p.strip() for p in tiny.corpus_text().split("\n\n") if p.strip()]
+    return [" ".join(paragraphs[3 * k].split()[:CAPTION_WORDS]) for k in range(KINDS)]
+
+
+def _train(model: Any, processor: Any, tok: Any, tiny: Any) -> None:
+    import torch
+
+    texts = tiny._corpus_ids(tok)
+    caption_of = captions(tiny)
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    for step in range(TRAIN_STEPS):
+        starts = torch.randint(0, len(texts) - 64, (8,), generator=generator).tolist()
+        batch = torch.stack([texts[s : s + 64] for s in starts])
+        loss = model(input_ids=batch, labels=batch).loss
+        kinds = [(step * 4 + i) % KINDS for i in range(4)]
+        prompts = [processor.apply_chat_template(user_message(1, "what is it?"), add_generation_prompt=True,
+                                                 tokenize=False)
+                   + caption_of[k] + "<|im_end|>" for k in kinds]
+        images = [synthetic_image(k, 1000 * step + i) for i, k in enumerate(kinds)]
+        inputs = processor(text=prompts, images=images, return_tensors="pt", padding=True)
+        labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+        loss = loss + model(**inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,146 @@
+"""Qwen2.5-VL through vLLM's engine on the host mesh backend: images reach the model through the
+runner's prefill path (vLLM's processor, uint8 pixels, mRoPE deltas on decode), greedy outputs
+equal transformers' generate() for text-only, one-image and two-image requests running side
+by side, under KV pressure that preempts and resumes them; and through ``vllm serve`` with
+OpenAI chat requests carrying base64 ``image_url`` data URLs, where video, audio, too many
+images and undecodable bytes are answered with a 400 and the server keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+from typing import Any
+
+import httpx
+import pytest
+from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl, synthetic_image, user_message
+
+from tests.e2e.helpers import serve
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = "what is it?"
+REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
+"""Image kinds per request; two of one kind use different seeds (different pixels)."""
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_checkpoint(tmp_path_factory):
+    return build_tiny_qwen_vl(tmp_path_factory.getbasetemp() / "tiny-qwen2_5_vl-trained")
+
+
+@pytest.fixture(scope="session")
+def hf_vl(qwen_vl_checkpoint):
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(qwen_vl_checkpoint, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(qwen_vl_checkpoint)
+
+
+def images(kinds: tuple[int, ...], salt: int = 0) -> list[Any]:
+    from PIL import Image
+
+    return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k)) for i, k in enumerate(kinds)]
+
+
+def chat_text(processor: Any, count: int) -> str:
+    return processor.apply_chat_template(user_message(count, QUESTION), add_generation_prompt=True, tokenize=False)
+
+
+def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False) -> tuple[list[int], list[int]]:
+    """HF's (prompt ids, greedy new tokens) for the chat prompt with these images; ``chat``:
+    tokenized as a chat endpoint does (no bos added to the rendered template)."""
+    import torch
+
+    model, processor = hf_vl
+    inputs = processor(text=[chat_text(processor, len(kinds))], images=images(kinds, salt) or None,
+                       return_tensors="pt", add_special_tokens=not chat)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    prompt = inputs["input_ids"][0].tolist()
+    return prompt, out[0, len(prompt):].tolist()
+
+
+def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_checkpoint, hf_vl):
+    """Seven mixed requests on 4 decode rows with 8 KV blocks of 32 tokens: vLLM preempts some
+    and resumes them (a fresh prefill with their images; the model returns the mRoPE delta again)."""
+    from vllm import LLM, SamplingParams
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
+        llm = LLM(model=str(qwen_vl_checkpoint), max_model_len=192, max_num_seqs=4, block_size=32,
+                  num_gpu_blocks_override=8, enable_prefix_caching=False, limit_mm_per_prompt={"image": 2},
+                  seed=0, disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}})
+    processor = hf_vl[1]
+    prompts = [{"prompt": chat_text(processor, len(k)), **({"multi_modal_data": {"image": images(k)}} if k else {})}
+               for k in REQUESTS]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    results = llm.generate(prompts, params, use_tqdm=False)
+    preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    del llm
+    expected = [hf_generate(hf_vl, k) for k in REQUESTS]
+    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
+    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(k, g[1], e[1]) for k, g, e in zip(REQUESTS, got, expected, strict=True) if g[1] != e[1]]
+    assert not mismatches, mismatches
+    assert preemptions > 0, "8 blocks for 4 rows of up to 3 blocks each must preempt"
+    by_kinds = {k: g[1] for k, g in zip(REQUESTS, got, strict=True)}
+    assert by_kinds[(0,)] != by_kinds[(1,)] and by_kinds[(0,)] != by_kinds[()], "the image decides the answer"
+
+
+def data_url(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def chat_body(model: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
+            "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+
+
+def image_parts(kinds: tuple[int, ...], salt: int) -> list[dict[str, Any]]:
+    return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt)]
+
+
+WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"
+                       b"\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
+BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
+    "video": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}],
+    "audio": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}],
+    "three images": [],  # filled with three image parts below
+    "corrupt image": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdlIGF0IGFsbA=="}}],
+}
+
+
+def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(qwen_vl_checkpoint, hf_vl, tmp_path):
+    model = str(qwen_vl_checkpoint)
+    log = tmp_path / "serve.log"
+    with serve(qwen_vl_checkpoint, "--max-model-len", "512", "--max-num-seqs", "4",
+               "--limit-mm-per-prompt", '{"image": 2}', log=log) as url:
+
+        def chat(parts: list[dict[str, Any]]) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts), timeout=300)
+
+        with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
+            answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
+        refusals = {}
+        for name, parts in BAD_REQUESTS.items():
+            refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
+            after = chat(image_parts((2,), 11))  # the engine keeps serving
+            assert after.status_code == 200, (name, after.text, log.read_text()[-3000:])
+    for response in answers:
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+    for (salt, kinds), response in zip(enumerate(REQUESTS), answers, strict=True):
+        body = response.json()
+        prompt, tokens = hf_generate(hf_vl, kinds, 5 + salt, chat=True)
+        assert body["prompt_token_ids"] == prompt, kinds
+        assert body["choices"][0]["token_ids"] == tokens, kinds
+    for name, response in refusals.items():
+        assert response.status_code == 400, (name, response.status_code, response.text)
+        assert response.json()["error"]["message"], name
+    assert "At most 0 video(s)" in refusals["video"].json()["error"]["message"]
+    assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
