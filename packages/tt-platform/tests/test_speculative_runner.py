@@ -53,3 +53,26 @@ def test_drafts_do_not_hide_a_mixed_step():
     batch.update(out)
     with pytest.raises(MixedStepError):
         StepPlan.build(out, batch)
+
+
+def _spec_config(uses_mrope: bool = False):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
+                           model_config=SimpleNamespace(uses_mrope=uses_mrope))
+
+
+@pytest.mark.parametrize(("caps", "lanes", "mrope", "named"), [
+    ({}, 1, False, "supports_verify_decode"),
+    ({"supports_verify_decode": True}, 4, False, "4 lanes"),
+    ({"supports_verify_decode": True}, 1, True, "mRoPE"),
+])
+def test_speculation_is_refused_where_verify_steps_cannot_run(caps, lanes, mrope, named):
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_speculation
+    from vllm_tt_platform.errors import TTUnsupportedFeatureError
+
+    with pytest.raises(TTUnsupportedFeatureError, match=named) as info:
+        check_speculation(_spec_config(mrope), ModelCapabilities(**caps), "TTExample", lanes)
+    assert "--speculative-config" in str(info.value)
+    check_speculation(_spec_config(), ModelCapabilities(supports_verify_decode=True), "TTExample", 1)
