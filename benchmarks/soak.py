@@ -11,7 +11,7 @@ at random points. Pass (docs/reliability.md):
 - ``/metrics`` drains to 0 running, 0 waiting, 0 % KV in use;
 - the step trace (``TT_SAMPLING_TRACE``) phase-pure: every step prefill-only or decode-only.
 
-    python benchmarks/soak.py --minutes 30 [--mesh-device TG]
+    python benchmarks/soak.py --minutes 30 [--mesh-device TG --lanes 4 --max-num-seqs 4]
 
 Writes benchmarks/results/soak.json and soak.md (soak_tg.* with a mesh).
 """
@@ -197,7 +197,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=40, help="clients in a closed loop (> --max-num-seqs)")
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--mesh-device", default="", help="e.g. TG: serve in lanes")
+    parser.add_argument("--mesh-device", default="", help="MESH_DEVICE, e.g. TG (with --lanes)")
+    parser.add_argument("--lanes", type=int, default=0, help="serve in lanes: --data-parallel-size N on the mesh")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -208,6 +209,8 @@ def main() -> int:
                    "--max-model-len", "1024", "--async-scheduling", "--enable-prefix-caching",
                    "--additional-config.tt.sample_on_device_mode", "all",
                    "--additional-config.tt.host_device_time", "1ms"]
+    if args.lanes:  # one engine process of N lanes needs one API server (vLLM sizes it from -dp)
+        server_args += ["--data-parallel-size", str(args.lanes), "--api-server-count", "1"]
     with tempfile.TemporaryDirectory(prefix="tt-soak-") as tmp:
         trace = Path(tmp) / "steps.jsonl"
         env = {"TT_SAMPLING_TRACE": str(trace)}
