@@ -139,12 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN)
     parser.add_argument("--requests", type=int, default=None, help="override the trace length")
     parser.add_argument("--cost-model", choices=COST_MODELS, default=None, help="run one cost model only")
+    parser.add_argument("--engine", choices=("ample", "pressure"), default=None, help="run one KV pool only")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.requests is not None:
         plan = replace(plan, num_requests=args.requests)
     if args.cost_model is not None:
         plan = replace(plan, cost_models=(args.cost_model,))
+    if args.engine is not None:
+        plan = replace(plan, engines=(args.engine,))
     started = time.perf_counter()
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "quick": args.quick,
                               "trace": asdict(TraceSpec(num_requests=plan.num_requests)), "plan": asdict(plan)}

@@ -1,6 +1,7 @@
 """Phase scheduling end to end: mixed-length prompts (several longer than the per-step token
 budget, so they are chunked) give the same greedy output batched as alone, and the step trace
-shows only prefill-only, decode-only or empty steps."""
+shows only prefill-only, decode-only or empty steps; under the step-counted policy and under the
+cost-aware one (``tt.step_cost``: the platform hands the scheduler a step cost model)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ pytestmark = pytest.mark.e2e
 BUDGET = 64
 
 
-@pytest.fixture(scope="module")
-def traced_engine(tiny_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, "llama-3.1-8b@N150"], ids=["step-counted", "cost-aware"])
+def traced_engine(request, tiny_checkpoint, tmp_path_factory):
     import os
 
     from vllm import LLM
 
     trace = tmp_path_factory.mktemp("trace") / "steps.jsonl"
     os.environ["TT_STEP_TRACE"] = str(trace)
+    tt = {"mesh_backend": "host"} if request.param is None else {"mesh_backend": "host", "step_cost": request.param}
     try:
         llm = LLM(model=str(tiny_checkpoint("qwen3")), max_num_seqs=4, max_model_len=512,
-                  max_num_batched_tokens=BUDGET, seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+                  max_num_batched_tokens=BUDGET, seed=0, additional_config={"tt": tt})
     finally:
         del os.environ["TT_STEP_TRACE"]
     yield llm, trace

@@ -2,11 +2,10 @@
 step, decided by modelled device time (``cost.StepCostModel``) instead of step counts.
 
 Why it needs no hold knob: a prefill step takes the longer of streaming the weights and its
-prompts' compute, so once the compute exceeds the stream, prompts prefilled one step each cost
-the running decodes exactly the time they would cost batched, while each of them gets its first
-token sooner. Waiting to batch only pays while a step would be stream-bound (short prompts),
-and then only for as long as the waiting prompts' accrued wait stays below what the step would
-make the running decodes wait beyond its prompts' own compute.
+prompts' compute, so once the compute exceeds the stream, prompts prefilled one step each stall
+the running decodes exactly as long as batched, while each gets its first token sooner; holding
+prompts back to batch them only delays them. Only a stream-bound step (short prompts) has time
+to give away, and prompts that fit in it share it (``prefill_tokens``).
 """
 
 from __future__ import annotations
@@ -24,11 +23,8 @@ class CostAwarePolicy:
     """Prefill-first with the ``prefill_burst`` decode-stall bound kept as a hard limit.
 
     Rules, in order: nothing runs -> prefill if there is prefill work, else empty; no prefill
-    work -> decode; ``prefill_burst`` prefill steps in a row -> decode; chunks in flight, a
-    pending scan or a full step -> prefill. Otherwise prefill, unless the step would be
-    stream-bound and the admissible prompts have waited less (in request-seconds) than the
-    stream time it would leave unused times the decodes it stalls (``padding_s``).
-    ``prefill_tokens`` then admits, in queue order, each prompt whose compute delays the
+    work -> decode; ``prefill_burst`` prefill steps in a row -> decode; otherwise prefill (no
+    hold). ``prefill_tokens`` then admits, in queue order, each prompt whose compute delays the
     prompts already in the step by less than it would itself wait for a step of its own.
     """
 
@@ -36,8 +32,6 @@ class CostAwarePolicy:
     prefill_burst: int
     burst: int = 0
     """Prefill steps in a row that stalled running decodes."""
-    debt_s: float = 0.0
-    """Request-seconds the admissible prompts have waited since the last prefill step."""
 
     def plan(self, view: WorkView) -> Phase:
         """The phase to try for the next step."""
@@ -47,14 +41,6 @@ class CostAwarePolicy:
         if not wants_prefill or self.burst >= self.prefill_burst:
             return Phase.DECODE
         return Phase.PREFILL
-
-    def padding_s(self, view: WorkView) -> float:
-        """Seconds of the prefill step over ``view``'s admissions in which the weights stream
-        for no prompt compute: what batching more prompts into it would recover."""
-        tokens, rows = sum(view.prompts), len(view.prompts)
-        if not rows:
-            return 0.0
-        return max(0.0, self.cost.prefill_s(tokens, rows) - self.cost.prefill_compute_s(tokens, rows))
 
     def prefill_tokens(self, view: WorkView) -> int | None:
         """Token budget of the prefill pass: the partial chunks plus the first admissions that
@@ -82,12 +68,9 @@ class CostAwarePolicy:
     def observe(self, phase: Phase, view: WorkView) -> None:
         """Account for the step that was actually scheduled."""
         if phase is Phase.PREFILL:
-            self.debt_s = 0.0
             self.burst = self.burst + 1 if view.decodes else 0
         elif phase is Phase.DECODE:
             self.burst = 0
-            if view.admissible:
-                self.debt_s += view.admissible * self.cost.decode_s(view.decodes, view.context)
 
 
 def policy_for(options: SchedulerOptions) -> PhasePolicy | CostAwarePolicy:
