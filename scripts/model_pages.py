@@ -45,6 +45,7 @@ FEATURES: dict[str, Feature] = {
     "supports_device_penalties": Feature("Device penalties", "sampling.md#which-batches-sample-on-the-device"),
     "max_device_logprobs": Feature("Device logprobs (top n)", "sampling.md#logprobs"),
     "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
+    "supports_verify_decode": Feature("Speculative decoding (verify steps)", "speculative-decoding.md"),
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
 }
@@ -139,6 +140,10 @@ PROOFS: tuple[Proof, ...] = (
     Proof("supports_prompt_logprobs",
           f"{_HOST_TESTS}/test_host_gemma3.py::test_prefill_logits_match_transformers_at_every_position",
           ("gemma3",), "every position's logits over seven sliding windows match transformers"),
+    Proof("supports_verify_decode", f"{_HOST_TESTS}/test_host_verify.py::test_verify_logits_equal_consecutive_decode_steps",
+          ("llama", "gemma3"), "a [rows, 1 + K] verify step gives, at every position, the logits and KV of plain decode steps"),
+    Proof("supports_verify_decode", f"{_E2E}/test_spec_decode.py::test_greedy_equals_transformers_alone_and_concurrent",
+          ("llama",), "n-gram speculation through vllm.LLM generates what transformers does; drafts are accepted"),
     Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
           ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
 )
