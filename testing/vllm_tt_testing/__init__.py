@@ -8,5 +8,6 @@ No wheel ships it (it lives outside ``packages/``): pytest puts ``testing/`` on 
 - ``faults``: fault injectors for the platform's overlapped-decode hooks.
 - ``scheduler_outputs``: hand-built vLLM scheduler outputs, to drive a model runner step by step.
 - ``checkpoints``: trained tiny checkpoints shared by the host-model and end-to-end tests.
+- ``parity``: prompts, transformers' greedy continuation with its logits, and the parity check.
 - ``kv_planning``: vLLM's own KV cache planning for one worker (a runner's ``KVCacheConfig``).
 """

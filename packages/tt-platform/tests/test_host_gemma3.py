@@ -22,6 +22,7 @@ from vllm_tt_platform.host.models.gemma3 import Gemma3Config, Gemma3Decoder, Hos
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.parity import hf_greedy, prompts
 
 BLOCK = 16
 NUM_BLOCKS = 128
@@ -48,11 +49,6 @@ def hf(checkpoint):
 def model(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
     return HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
-
-
-def prompts(seed: int, *lengths: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
 
 
 @dataclass
@@ -166,16 +162,6 @@ class HybridRunner:
                 seq.computed = len(seq.history)
                 seq.logits.append(out[slot, -1])
                 seq.generated.append(int(out[slot, -1].argmax()))
-
-
-def hf_greedy(hf, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=steps,
-            eos_token_id=None, pad_token_id=2, output_logits=True, return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
 
 
 def hf_logits(hf, prompt: list[int]) -> torch.Tensor:

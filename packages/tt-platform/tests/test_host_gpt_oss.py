@@ -26,6 +26,7 @@ from vllm_tt_platform.host.models.moe import moe_mlp
 from vllm_tt_platform.host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 BLOCK = 16
 NUM_BLOCKS = 48
@@ -52,11 +53,6 @@ def build(gpt_oss_dir: Path, batch: int = 2, lanes: int = 1, mesh: MeshShape | N
     return HostGptOssForCausalLM.initialize_vllm_model(
         config, HostMeshDevice(mesh or MeshShape(lanes, 1)), batch, WIDTH * BLOCK, tt_data_parallel=lanes
     )
-
-
-def prompts(seed: int, *lengths: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
 
 
 # ---- the pieces against transformers' layers -------------------------------------------
@@ -276,25 +272,6 @@ class HybridRunner:
                 seq.computed = len(seq.history)
                 seq.logits.append(out[slot, -1])
                 seq.generated.append(int(out[slot, -1].argmax()))
-
-
-def hf_greedy(hf, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=steps,
-            eos_token_id=None, pad_token_id=2, output_logits=True, return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
-
-
-def assert_matches_hf(hf, seq: Seq) -> float:
-    """Tokens equal, logits close; returns the largest logit difference."""
-    tokens, logits = hf_greedy(hf, seq.prompt, len(seq.generated))
-    assert seq.generated == tokens
-    for step, (ours, theirs) in enumerate(zip(seq.logits, logits, strict=True)):
-        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=f"step {step}")
-    return max(float((a - b).abs().max()) for a, b in zip(seq.logits, logits, strict=True))
 
 
 def test_prefill_logits_at_every_position(gpt_oss_dir, hf_gpt_oss):

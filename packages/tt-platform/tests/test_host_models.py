@@ -25,6 +25,7 @@ from vllm_tt_platform.host.models.gemma3 import HostGemma3ForCausalLM
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError, PrefillTooLongError, TraceKey
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 MODEL_CLASSES: dict[str, type[HostCausalLM]] = {
     "llama": HostLlamaForCausalLM,
@@ -136,34 +137,6 @@ class Runner:
             for slot, seq in self.seqs.items():
                 seq.logits.append(out[slot, -1])
                 seq.generated.append(int(out[slot, -1].argmax()))
-
-
-def hf_greedy(hf, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=steps,
-            eos_token_id=None,
-            pad_token_id=2,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
-
-
-def assert_matches_hf(hf, seq: Seq) -> None:
-    tokens, logits = hf_greedy(hf, seq.prompt, len(seq.generated))
-    assert seq.generated == tokens
-    for step, (ours, theirs) in enumerate(zip(seq.logits, logits, strict=True)):
-        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=f"step {step}")
-
-
-def prompts(seed: int, *lengths: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
 
 
 @pytest.mark.parametrize("arch", sorted(MODEL_CLASSES))
