@@ -55,6 +55,7 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     if stamp.is_file() and json.loads(stamp.read_text()) == RECIPE:
         return out
     import torch
+    import vllm_tt_platform.host.tiny as tiny
     from transformers import (
         GenerationConfig,
         PreTrainedTokenizerFast,
@@ -64,7 +65,6 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     )
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-    from vllm_tt_platform.host import tiny
 
     tok = tiny.build_tokenizer()
     tok.add_special_tokens(list(IMAGE_TOKENS))

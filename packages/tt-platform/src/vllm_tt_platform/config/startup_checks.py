@@ -202,6 +202,6 @@ def restrict_modalities(vllm_config: VllmConfig) -> None:
         )
     from vllm.config.multimodal import AudioDummyOptions, VideoDummyOptions
 
-    mm.limit_per_prompt["video"] = VideoDummyOptions(count=0)
-    mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0)
+    mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
+    mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
     vllm_config.scheduler_config.disable_chunked_mm_input = True

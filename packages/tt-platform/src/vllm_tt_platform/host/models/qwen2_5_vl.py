@@ -155,9 +155,15 @@ class RowImages:
             grids = _row_list(grid_thw, row, rows, "image_grid_thw")
             if len(pixels) != len(grids):
                 raise HostModelInputError(f"row {row}: {len(pixels)} pixel_values but {len(grids)} image_grid_thw")
-            out.append(cls([torch.as_tensor(p) for p in pixels],
-                           [tuple(int(v) for v in torch.as_tensor(g).reshape(-1).tolist()) for g in grids]))
+            out.append(cls([torch.as_tensor(p) for p in pixels], [_grid(g, row) for g in grids]))
         return out
+
+
+def _grid(value: Any, row: int) -> tuple[int, int, int]:
+    thw = [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
+    if len(thw) != 3:
+        raise HostModelInputError(f"row {row}: image_grid_thw entries are (t, h, w), got {thw}")
+    return thw[0], thw[1], thw[2]
 
 
 def _row_list(values: Any, row: int, rows: int, name: str) -> list[Any]:
@@ -310,7 +316,8 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
         return out, deltas
 
     def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any, enable_trace: bool = False,
-                       read_from_device: bool = True, sampling_params: Any = None, **kwargs: Any) -> Any:
+                       read_from_device: bool = True, sampling_params: Any = None, prompt_tokens: Any = None,
+                       output_tokens: Any = None, reset_batch: bool = False, **kwargs: Any) -> Any:
         """As ``HostCausalLM.decode_forward``; ``rope_deltas_all_users`` (one int per slot), when
         sent, replaces the deltas the prefills left."""
         deltas = kwargs.pop("rope_deltas_all_users", None)
@@ -321,4 +328,4 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
                 )
             self.decoder.slot_deltas = torch.tensor([int(d) for d in deltas], dtype=torch.long)
         return super().decode_forward(tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
-                                      sampling_params, **kwargs)
+                                      sampling_params, prompt_tokens, output_tokens, reset_batch, **kwargs)
