@@ -274,8 +274,11 @@ class TTModelRunner:
         )
         if overlapped:
             return self.overlap.submit(self.model, raw, plan.rows, num_slots)
-        return self.device_watch.read("decode readback", lambda: model_output.read_decode(
-            self.model, raw, sampled_on_device=on_device, rows=num_slots))
+        def read() -> model_output.ModelOutput:
+            return model_output.read_decode(self.model, raw, sampled_on_device=on_device, rows=num_slots)
+
+        # Only a device handle has a readback to bound; host tensors are read in place.
+        return read() if model_output.is_host_output(raw) else self.device_watch.read("decode readback", read)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
