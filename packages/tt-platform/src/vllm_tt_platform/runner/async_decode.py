@@ -252,7 +252,8 @@ class DecodeOverlap:
         self.faults.delay(DelayPoint.SUBMIT)
         index = self._next_index
         what = f"decode step {index} readback"
-        if model_output.is_host_output(raw):
+        on_host = model_output.is_host_output(raw)
+        if on_host:
             host_out, events = raw, []
         else:
             with self.watch.call(what):
@@ -264,8 +265,8 @@ class DecodeOverlap:
                 self.synchronize(event)
             return model_output.read_decode(model, host_out, sampled_on_device=True, rows=num_slots)
 
-        def read() -> model_output.ModelOutput:
-            return self.watch.read(what, wait_and_read)
+        def read() -> model_output.ModelOutput:  # host tensors have no readback to bound
+            return wait_and_read() if on_host else self.watch.read(what, wait_and_read)
 
         step = InFlightStep(index, [StepRow(r.state.req_id, r.state.slot, r.state) for r in rows],
                             read, self.faults)
