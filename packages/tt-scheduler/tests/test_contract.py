@@ -16,8 +16,8 @@ from vllm_tt_scheduler import (
     SchedulerOptions,
     record_prefill_trace_lens,
 )
-from vllm_tt_scheduler.lanes.shape import LANES_KEY, ROWS_PER_LANE_KEY, BlockNumbering, LaneShape
 from vllm_tt_scheduler.cost import STEP_COST_KEY
+from vllm_tt_scheduler.lanes.shape import LANES_KEY, ROWS_PER_LANE_KEY, BlockNumbering, LaneShape
 from vllm_tt_scheduler.options import PREFILL_HOLD, PREFILL_TRACE_LENS_KEY
 
 

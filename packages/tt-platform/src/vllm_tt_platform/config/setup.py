@@ -20,8 +20,8 @@ from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, re
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
-    check_speculation,
     check_environment,
+    check_speculation,
     check_vllm_features,
     restrict_modalities,
 )
