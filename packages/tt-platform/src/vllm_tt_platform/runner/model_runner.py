@@ -212,16 +212,16 @@ class TTModelRunner:
         decision = self.sampling.decide(plan, verify=bool(drafts))
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         output: model_output.ModelOutput | InFlightStep | torch.Tensor
-        with self.device_watch.call(f"{plan.phase.value} step"):  # one TTDeviceError per failing call
-            if plan.phase is Phase.PREFILL:
-                output = self._prefill(plan, decision)
-            elif drafts and self._spec is not None:
-                inputs = DecodeInputs.build(plan.rows, self.batch.num_slots, self.table_width, self.num_blocks,
-                                            self.kv.layout)
+        if plan.phase is Phase.PREFILL:
+            output = self._prefill(plan, decision)
+        elif drafts and self._spec is not None:
+            inputs = DecodeInputs.build(plan.rows, self.batch.num_slots, self.table_width, self.num_blocks,
+                                        self.kv.layout)
+            with self.device_watch.call("decode step"):
                 output = self._spec.run_verify(self.model, inputs, plan.rows, drafts, self.kv_cache,
                                                self.decode_trace)
-            else:
-                output = self._decode(plan, decision)
+        else:
+            output = self._decode(plan, decision)
         self._pending = _PendingStep(plan, decision, output, drafts)
         return None
 
@@ -240,17 +240,20 @@ class TTModelRunner:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
         states = [r.state for r in plan.rows]
         images = mm_inputs.prefill_image_kwargs(states)
-        raw = self.model.prefill_forward(
-            tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
-            prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
-            enable_trace=self.prefill_trace, **kwargs, **images,
-        )
-        if self.uses_mrope:
-            raw, rope_deltas = raw
-            mm_inputs.record_rope_deltas(states, rope_deltas)
-        self.sampling.after_prefill(plan, kwargs, raw)
-        return model_output.parse(raw, sampled_on_device=decision.path is SamplingPath.DEVICE,
-                                  owner=f"{type(self.model).__qualname__}.prefill_forward")
+        # Only the device call and its output are the device's: a failure there is one
+        # TTDeviceError; the inputs above are host work and fail as themselves.
+        with self.device_watch.call("prefill step"):
+            raw = self.model.prefill_forward(
+                tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
+                prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
+                enable_trace=self.prefill_trace, **kwargs, **images,
+            )
+            if self.uses_mrope:
+                raw, rope_deltas = raw
+                mm_inputs.record_rope_deltas(states, rope_deltas)
+            self.sampling.after_prefill(plan, kwargs, raw)
+            return model_output.parse(raw, sampled_on_device=decision.path is SamplingPath.DEVICE,
+                                      owner=f"{type(self.model).__qualname__}.prefill_forward")
 
     def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput | InFlightStep:
         num_slots = self.batch.num_slots
@@ -268,17 +271,19 @@ class TTModelRunner:
         kwargs.update(sampling)
         if self.uses_mrope:
             kwargs.update(mm_inputs.decode_rope_kwargs([r.state for r in plan.rows], num_slots))
-        raw = self.model.decode_forward(
-            tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
-            kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
-        )
-        if overlapped:
-            return self.overlap.submit(self.model, raw, plan.rows, num_slots)
-        def read() -> model_output.ModelOutput:
-            return model_output.read_decode(self.model, raw, sampled_on_device=on_device, rows=num_slots)
+        with self.device_watch.call("decode step"):
+            raw = self.model.decode_forward(
+                tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
+                kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
+            )
+            if overlapped:
+                return self.overlap.submit(self.model, raw, plan.rows, num_slots)
 
-        # Only a device handle has a readback to bound; host tensors are read in place.
-        return read() if model_output.is_host_output(raw) else self.device_watch.read("decode readback", read)
+            def read() -> model_output.ModelOutput:
+                return model_output.read_decode(self.model, raw, sampled_on_device=on_device, rows=num_slots)
+
+            # Only a device handle has a readback to bound; host tensors are read in place.
+            return read() if model_output.is_host_output(raw) else self.device_watch.read("decode readback", read)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
