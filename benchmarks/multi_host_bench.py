@@ -89,7 +89,9 @@ def _device_seconds(url: str) -> dict[str, float]:
 def _measure(url: str, case: Case) -> dict[str, Any]:
     import openai
 
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=1200, max_retries=0)
+    # Retries: a pooled keep-alive connection the server closes just as it is reused (uvicorn drops
+    # idle ones after 5 s) fails with "Server disconnected" before the server saw the request.
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=1200, max_retries=3)
 
     def ask(i: int, max_tokens: int) -> int:
         prompt = [3 + (i * 7 + j) % 900 for j in range(case.prompt_tokens)]
@@ -166,12 +168,15 @@ def main(argv: list[str] | None = None, *, run: Callable[[Case, Path], dict[str,
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="the dense case only, 32 requests")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work-dir", type=Path, help="keep checkpoints and server logs here (default: a temporary "
+                        "folder, removed afterwards)")
     options = parser.parse_args(argv)
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's DP queues on loopback
     names = list(CASES) if options.case == "all" else [options.case]
     cases = [replace(CASES["dense"], concurrent=32)] if options.quick else [CASES[name] for name in names]
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run(case, Path(tmp) / case.name) for case in cases]
+        work = options.work_dir or Path(tmp)
+        runs = [run(case, work / case.name) for case in cases]
     result = {"device_time": DEVICE_TIME, "cpus": os.cpu_count(), "python": platform.python_version(), "runs": runs}
     write_results(result, options.out / "multi_host_bench.json", options.out / "multi_host_bench.md", markdown(result))
     return result

@@ -129,7 +129,10 @@ async def soak(url: str, pgid: int, minutes: float, concurrency: int, seed: int)
     loop = asyncio.get_running_loop()
     start = loop.time()
     deadline = start + minutes * 60
-    limits = httpx.Limits(max_connections=concurrency + 8)
+    # Idle pooled connections expire before the server's keep-alive timeout (vLLM's
+    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; httpx's default expiry is also 5 s): otherwise a request
+    # can go out on a connection the server is closing and fail before the server sees it.
+    limits = httpx.Limits(max_connections=concurrency + 8, keepalive_expiry=2.0)
 
     async def worker(client: httpx.AsyncClient) -> None:
         while loop.time() < deadline:
