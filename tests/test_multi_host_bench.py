@@ -36,7 +36,7 @@ def test_report_compares_two_hosts_with_one(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "multi_host_bench.json").read_text())
     assert written["runs"][0]["device_speedup"] == 100 / 2.6 / 20.0
     table = (tmp_path / "multi_host_bench.md").read_text()
-    assert "| dense | **1.92x** | 1.25x |" in table and "| dense | N150 | 1 x 16 | 32 | 2 | 100 | 2.60 |" in table
+    assert "| dense | **1.92x** | 1.25x |" in table and "| dense | N150 | 1 x 16 | 32 | 2 | 2 of 2 | 100 | 2.60 |" in table
 
 
 def test_cases_split_the_same_per_host_mesh() -> None:
