@@ -26,6 +26,7 @@ from vllm_tt_platform.host.models.deepseek_v3_config import DeepseekV3Config
 from vllm_tt_platform.host.models.deepseek_v3_moe import RoutedExperts, route, routed_moe
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 BLOCK = 16
 NUM_BLOCKS = 40
@@ -52,11 +53,6 @@ def build(folder: Path, batch: int = 2, lanes: int = 1, mesh: MeshShape | None =
     )
     assert isinstance(model, HostDeepseekV3ForCausalLM)
     return model
-
-
-def prompts(seed: int, *lengths: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
 
 
 # ---- the pieces against transformers' modules --------------------------------------------
@@ -207,18 +203,6 @@ class LatentRunner:
                 seq.computed = len(seq.history)
                 seq.logits.append(out[slot, -1])
                 seq.generated.append(int(out[slot, -1].argmax()))
-
-
-def assert_matches_hf(hf, seq: Seq) -> None:
-    ids = torch.tensor([seq.prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=len(seq.generated),
-            eos_token_id=None, pad_token_id=2, output_logits=True, return_dict_in_generate=True,
-        )
-    assert seq.generated == out.sequences[0, len(seq.prompt) :].tolist()
-    for step, (ours, theirs) in enumerate(zip(seq.logits, out.logits, strict=True)):
-        torch.testing.assert_close(ours, theirs[0], atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
 
 def test_prefill_logits_at_every_position(deepseek_dir, hf_deepseek):
