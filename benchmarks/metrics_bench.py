@@ -52,7 +52,7 @@ def measure(blocks: int, steps: int) -> dict[str, float]:
     from vllm.inputs import TokensPrompt
     from vllm_tt_platform.host.tiny import build_tiny_checkpoint
     from vllm_tt_platform.metrics.engine import NULL_STEP_METRICS
-    from vllm_tt_platform.runner import step_metrics
+    import vllm_tt_platform.runner.step_metrics as step_metrics
 
     folder = Path(tempfile.mkdtemp(prefix="metrics-bench-"))
     engine = make_engine(build_tiny_checkpoint("llama", folder / "llama"))

@@ -64,7 +64,7 @@ def make_engine(model_dir: Path, k: int | None) -> Any:
     ))
 
 
-def single_stream(engine: Any, workload: list[list[int]]) -> dict[str, float]:
+def single_stream(engine: Any, workload: list[list[int]]) -> dict[str, Any]:
     """Decode tokens/s and mean per-token latency, one request at a time."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
