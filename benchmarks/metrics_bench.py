@@ -48,11 +48,11 @@ def make_engine(model_dir: Path):
 
 
 def measure(blocks: int, steps: int) -> dict[str, float]:
+    import vllm_tt_platform.runner.step_metrics as step_metrics
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm_tt_platform.host.tiny import build_tiny_checkpoint
     from vllm_tt_platform.metrics.engine import NULL_STEP_METRICS
-    import vllm_tt_platform.runner.step_metrics as step_metrics
 
     folder = Path(tempfile.mkdtemp(prefix="metrics-bench-"))
     engine = make_engine(build_tiny_checkpoint("llama", folder / "llama"))

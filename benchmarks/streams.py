@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "testing")]
 
-from report import write_results  # noqa: E402
 import vllm_tt_testing.traffic as traffic  # noqa: E402
+from report import write_results  # noqa: E402
 
 from tests.e2e.helpers import living_group_members, serve_process  # noqa: E402
 
