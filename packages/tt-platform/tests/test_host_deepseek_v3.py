@@ -8,9 +8,7 @@ the routing or the rope split must move the outputs."""
 from __future__ import annotations
 
 import dataclasses
-import random
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from vllm_tt_platform.host.models.deepseek_v3_config import DeepseekV3Config
 from vllm_tt_platform.host.models.deepseek_v3_moe import RoutedExperts, route, routed_moe
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 BLOCK = 16
@@ -120,95 +119,25 @@ def test_config_reading_and_refusals(deepseek_dir):
 # ---- the whole model through the TT contract ---------------------------------------------
 
 
-@dataclass
-class Seq:
-    prompt: list[int]
-    table: list[int] = field(default_factory=list)
-    computed: int = 0
-    generated: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-class LatentRunner:
+def latent(model: HostDeepseekV3ForCausalLM, seed: int = 0) -> ContractDriver:
     """The TT runner and vLLM's KV manager reduced to one MLA group: one latent tensor per
     layer (``tensor_idx`` = layer, as vLLM plans an attention-only model), one block table per
     request for every layer, blocks from a shuffled pool; unused blocks and the null block hold
-    garbage, so reading any of them changes the logits."""
-
-    def __init__(self, model: HostDeepseekV3ForCausalLM, seed: int = 0) -> None:
-        cfg = model.config
-        self.model = model
-        shape = (NUM_BLOCKS, 1, BLOCK, cfg.head_dim)
-        self.kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, i) for i in range(cfg.num_layers)])
-        gen = torch.Generator().manual_seed(seed)
-        for lane in self.kv:
-            for latent, same in lane:
-                assert latent is same  # MLA: one tensor, read as keys and values
-                latent.copy_(torch.randn(latent.shape, generator=gen) * 100)
-        order = list(range(1, NUM_BLOCKS))
-        random.Random(seed).shuffle(order)
-        self.free = [list(order) for _ in range(model.lanes.count)]
-        self.seqs: dict[int, Seq] = {}
-
-    def _cover(self, slot: int, length: int) -> None:
-        seq = self.seqs[slot]
-        while len(seq.table) * BLOCK < length:
-            seq.table.append(self.free[self.model.lanes.lane_of(slot)].pop())
-
-    def _tables(self, slots: list[int | None]) -> torch.Tensor:
-        rows = [self.seqs[s].table if s is not None else [] for s in slots]
-        return torch.tensor([row + [0] * (WIDTH - len(row)) for row in rows], dtype=torch.int32)
-
-    def prefill(self, chunks: list[tuple[int, int]], **kwargs):
-        width = max(len(self.seqs[s].history) for s, _ in chunks)
-        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (slot, end) in enumerate(chunks):
-            self._cover(slot, end)
-            history = self.seqs[slot].history
-            tokens[row, : len(history)] = torch.tensor(history)
-        table = self._tables([s for s, _ in chunks])
-        padded = torch.cat((table, torch.zeros(self.model.max_batch_size - len(chunks), WIDTH, dtype=torch.int32)))
-        out = self.model.prefill_forward(
-            tokens=tokens, page_table=table, kv_cache=self.kv, prompt_lens=[end for _, end in chunks],
-            start_pos=[self.seqs[s].computed for s, _ in chunks], empty_slots=[s for s, _ in chunks],
-            page_tables_per_layer=[padded] * self.model.config.num_layers, **kwargs,
-        )
-        for row, (slot, end) in enumerate(chunks):
-            seq = self.seqs[slot]
-            seq.computed = end
-            if end == len(seq.history) and not kwargs.get("return_all_logits"):
-                seq.logits.append(out[row, -1])
-                seq.generated.append(int(out[row, -1].argmax()))
-        return out
-
-    def decode(self, steps: int) -> None:
-        rows = self.model.max_batch_size
-        for _ in range(steps):
-            tokens = torch.zeros(rows, 1, dtype=torch.int32)
-            start = torch.full((rows,), -1, dtype=torch.int32)
-            for slot, seq in self.seqs.items():
-                self._cover(slot, len(seq.history))
-                tokens[slot, 0] = seq.history[-1]
-                start[slot] = len(seq.history) - 1
-            table = self._tables([s if s in self.seqs else None for s in range(rows)])
-            out = self.model.decode_forward(
-                tokens=tokens, start_pos=start, page_table=table, kv_cache=self.kv,
-                page_tables_per_layer=[table] * self.model.config.num_layers,
-            )
-            for slot, seq in self.seqs.items():
-                seq.computed = len(seq.history)
-                seq.logits.append(out[slot, -1])
-                seq.generated.append(int(out[slot, -1].argmax()))
+    noise, so reading any of them changes the logits."""
+    cfg = model.config
+    shape = (NUM_BLOCKS, 1, BLOCK, cfg.head_dim)
+    kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, i) for i in range(cfg.num_layers)])
+    assert all(keys is values for lane in kv for keys, values in lane)  # MLA: one tensor, read as K and V
+    driver = ContractDriver(model, kv, [None] * cfg.num_layers, width=WIDTH, seed=seed, spoil="noise")
+    for lane in range(model.lanes.count):
+        driver.spoil(lane)
+    return driver
 
 
 def test_prefill_logits_at_every_position(deepseek_dir, hf_deepseek):
-    runner = LatentRunner(build(deepseek_dir), seed=1)
+    runner = latent(build(deepseek_dir), seed=1)
     prompt = prompts(0, 100)[0]
-    runner.seqs[0] = Seq(prompt)
+    runner.add(0, prompt)
     out = runner.prefill([(0, 100)], return_all_logits=True)
     with torch.no_grad():
         theirs = hf_deepseek(torch.tensor([prompt])).logits[0]
@@ -220,9 +149,9 @@ def test_chunked_prefill_and_paged_decode_match_generate(deepseek_dir, hf_deepse
 
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(deepseek_dir)
     text = corpus_text()
-    runner = LatentRunner(build(deepseek_dir), seed=2)
-    runner.seqs[0] = Seq(tokenizer(text[:600])["input_ids"][:90])  # the trained region: real margins
-    runner.seqs[1] = Seq(prompts(1, 20)[0])
+    runner = latent(build(deepseek_dir), seed=2)
+    runner.add(0, tokenizer(text[:600])["input_ids"][:90])  # the trained region: real margins
+    runner.add(1, prompts(1, 20)[0])
     runner.prefill([(0, 27), (1, 20)])  # chunks end inside and across blocks
     runner.prefill([(0, 61)])
     runner.prefill([(0, 90)])
@@ -262,9 +191,9 @@ def test_wrong_variants_change_outputs(deepseek_dir, hf_deepseek, monkeypatch, w
             q = torch.cat((decoder._rope(rope, index, positions), nope), dim=-1)  # rotated part first
             return q, cached, cached
         monkeypatch.setattr(decoder, "_qkv", rope_first)
-    runner = LatentRunner(model, seed=4)
+    runner = latent(model, seed=4)
     prompt = prompts(5, 150)[0]
-    runner.seqs[0] = Seq(prompt)
+    runner.add(0, prompt)
     out = runner.prefill([(0, 150)], return_all_logits=True)
     with torch.no_grad():
         theirs = hf_deepseek(torch.tensor([prompt])).logits[0]
@@ -287,10 +216,10 @@ def test_plain_queries_without_q_lora(tmp_path):
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     hf.save_pretrained(tmp_path)
-    runner = LatentRunner(build(tmp_path), seed=3)
+    runner = latent(build(tmp_path), seed=3)
     assert isinstance(runner.model.decoder._layers[0].attention.q, torch.Tensor)
     prompt = prompts(9, 40)[0]
-    runner.seqs[0] = Seq(prompt)
+    runner.add(0, prompt)
     out = runner.prefill([(0, 40)], return_all_logits=True)
     with torch.no_grad():
         theirs = hf(torch.tensor([prompt])).logits[0]
@@ -301,12 +230,13 @@ def test_lanes_on_a_galaxy_mesh_keep_separate_latents(deepseek_dir, hf_deepseek)
     """TG (8, 4) as 4 in-process lanes of one row; every lane gets the same block ids."""
     model = build(deepseek_dir, batch=4, lanes=4, mesh=MeshShape(8, 4))
     assert model.lanes.count == 4
-    runner = LatentRunner(model, seed=6)
+    runner = latent(model, seed=6)
     first, second = prompts(7, 45, 38)
-    runner.seqs[0], runner.seqs[3] = Seq(first), Seq(second)
+    runner.add(0, first)
+    runner.add(3, second)
     runner.prefill([(0, 45)])
     runner.prefill([(3, 38)])
-    assert runner.seqs[0].table[:2] == runner.seqs[3].table[:2]
+    assert runner.seqs[0].tables[None][:2] == runner.seqs[3].tables[None][:2]
     runner.decode(6)
     assert_matches_hf(hf_deepseek, runner.seqs[0])
     assert_matches_hf(hf_deepseek, runner.seqs[3])

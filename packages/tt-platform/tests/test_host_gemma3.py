@@ -8,9 +8,7 @@ one would show."""
 from __future__ import annotations
 
 import dataclasses
-import random
 import types
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from vllm_tt_platform.host.models.gemma3 import Gemma3Config, Gemma3Decoder, Hos
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import hf_greedy, prompts
 
 BLOCK = 16
@@ -51,117 +50,16 @@ def model(checkpoint):
     return HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
 
 
-@dataclass
-class Seq:
-    prompt: list[int]
-    blocks: dict[int | None, list[int]] = field(default_factory=dict)
-    """Per KV cache group (keyed by its window; None = full attention): the block table."""
-    computed: int = 0
-    generated: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-class HybridRunner:
-    """vLLM's hybrid KV manager and the TT runner, reduced to what these tests need."""
-
-    def __init__(self, model: HostGemma3ForCausalLM, seed: int = 0, free_outside_window: bool = True) -> None:
-        cfg = model.config
-        self.model = model
-        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]
-        shape = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
-        self.kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, t) for t in TENSOR_IDX])
-        order = list(range(1, NUM_BLOCKS))  # block 0 is the null block
-        random.Random(seed).shuffle(order)
-        self.free = order  # one pool for every group
-        self.free_outside_window = free_outside_window
-        self.seqs: dict[int, Seq] = {}
-
-    def add(self, slot: int, prompt: list[int]) -> None:
-        self.seqs[slot] = Seq(prompt, {w: [] for w in set(self.windows)})
-
-    def _schedule(self, slot: int, computed: int, length: int) -> None:
-        """Blocks up to ``length``; sliding groups drop blocks wholly before the window of the
-        first position computed now (vLLM: ``computed - window + 1`` tokens are skipped)."""
-        seq = self.seqs[slot]
-        for window, blocks in seq.blocks.items():
-            while len(blocks) * BLOCK < length:
-                blocks.append(self.free.pop())
-            if window is None or not self.free_outside_window:
-                continue
-            skipped = max(0, computed - window + 1)
-            for j in range(skipped // BLOCK):
-                if blocks[j]:
-                    self._poison(blocks[j], window)
-                    blocks[j] = 0
-
-    def _poison(self, block: int, window: int) -> None:
-        for layer, (k, v) in enumerate(self.kv[0]):
-            if self.windows[layer] == window:
-                k[block] = float("nan")
-                v[block] = float("nan")
-
-    def _tables(self, slots: list[int | None], rows: int) -> list[torch.Tensor]:
-        tables = []
-        for window in self.windows:
-            table = torch.zeros(rows, WIDTH, dtype=torch.int32)
-            for row, slot in enumerate(slots):
-                if slot is not None:
-                    blocks = self.seqs[slot].blocks[window]
-                    table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            tables.append(table)
-        return tables
-
-    def prefill(self, chunks: list[tuple[int, int]], **kwargs):
-        """One prefill step: ``(slot, end)`` computes ``[computed, end)`` of that request."""
-        width = max(len(self.seqs[s].history) for s, _ in chunks)
-        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (slot, end) in enumerate(chunks):
-            self._schedule(slot, self.seqs[slot].computed, end)
-            history = self.seqs[slot].history
-            tokens[row, : len(history)] = torch.tensor(history)
-        rows = self.model.max_batch_size
-        tables = self._tables([s for s, _ in chunks] + [None] * (rows - len(chunks)), rows)
-        out = self.model.prefill_forward(
-            tokens=tokens,
-            page_table=tables[0][: len(chunks)],
-            kv_cache=self.kv,
-            prompt_lens=[end for _, end in chunks],
-            start_pos=[self.seqs[s].computed for s, _ in chunks],
-            empty_slots=[s for s, _ in chunks],
-            page_tables_per_layer=tables,
-            **kwargs,
-        )
-        for row, (slot, end) in enumerate(chunks):
-            seq = self.seqs[slot]
-            seq.computed = end
-            if end == len(seq.history) and not kwargs:
-                seq.logits.append(out[row, -1])
-                seq.generated.append(int(out[row, -1].argmax()))
-        return out
-
-    def decode(self, steps: int) -> None:
-        rows = self.model.max_batch_size
-        for _ in range(steps):
-            tokens = torch.zeros(rows, 1, dtype=torch.int32)
-            start = torch.full((rows,), -1, dtype=torch.int32)
-            for slot, seq in self.seqs.items():
-                position = len(seq.history) - 1
-                self._schedule(slot, position, position + 1)
-                tokens[slot, 0] = seq.history[-1]
-                start[slot] = position
-            tables = self._tables([s if s in self.seqs else None for s in range(rows)], rows)
-            out = self.model.decode_forward(
-                tokens=tokens, start_pos=start, page_table=tables[0], kv_cache=self.kv,
-                page_tables_per_layer=tables,
-            )
-            for slot, seq in self.seqs.items():
-                seq.computed = len(seq.history)
-                seq.logits.append(out[slot, -1])
-                seq.generated.append(int(out[slot, -1].argmax()))
+def hybrid(model: HostGemma3ForCausalLM, seed: int = 0, free_outside_window: bool = True) -> ContractDriver:
+    """vLLM's hybrid KV manager and the TT runner over ``TENSOR_IDX``; blocks a sliding group
+    drops are filled with NaN and never handed out again, so reading one would show."""
+    cfg = model.config
+    shape = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
+    kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, t) for t in TENSOR_IDX])
+    windows = [cfg.window(i) for i in range(cfg.num_layers)]
+    return ContractDriver(
+        model, kv, windows, width=WIDTH, seed=seed, spoil="nan", free_outside_window=free_outside_window
+    )
 
 
 def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
@@ -171,7 +69,7 @@ def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
 
 def all_logits(model, prompt: list[int]) -> torch.Tensor:
     """Our logits at every prompt position, one prefill through the hybrid layout."""
-    runner = HybridRunner(model)
+    runner = hybrid(model)
     runner.add(0, prompt)
     return runner.prefill([(0, len(prompt))], return_all_logits=True)[0]
 
@@ -180,7 +78,7 @@ def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
     """Logits of the same weights with one config field changed (a plausible mistake)."""
     config = dataclasses.replace(model.config, **config_changes)
     decoder = Gemma3Decoder(config, model.decoder.weights)
-    lane_kv = HybridRunner(model).kv[0]
+    lane_kv = hybrid(model).kv[0]
     table = torch.arange(1, WIDTH + 1, dtype=torch.int32)
     with torch.no_grad():
         return decoder.prefill(torch.tensor(prompt), 0, 1024, [table] * config.num_layers, lane_kv, all_positions=True)
@@ -219,14 +117,14 @@ def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
     """Three requests in one fixed batch (slot 1 padding): prompts shorter than, across and far
     past the window, then token-by-token decode whose sliding group drops (and poisons) every
     block that leaves the window; logits equal HF's at every step, tokens equal generate()'s."""
-    runner = HybridRunner(model, seed=1)
+    runner = hybrid(model, seed=1)
     short, middle, long = prompts(2, 20, 45, 260)
     for slot, prompt in ((0, short), (2, middle), (3, long)):
         runner.add(slot, prompt)
     runner.prefill([(0, 20), (2, 45)])
     runner.prefill([(3, 260)])
     runner.decode(16)
-    assert runner.seqs[3].blocks[32][:15] == [0] * 15  # the window moved on
+    assert runner.seqs[3].tables[32][:15] == [0] * 15  # the window moved on
     for slot in (0, 2, 3):
         seq = runner.seqs[slot]
         tokens, logits = hf_greedy(hf, seq.prompt, len(seq.generated))
@@ -240,12 +138,12 @@ def test_chunked_prefill_across_the_window_equals_one_shot(model, chunks):
     """Chunks ending before, on and after block and window boundaries; each chunk starts with
     the sliding group's blocks before its window already dropped."""
     prompt = prompts(3, chunks[-1])[0]
-    one_shot = HybridRunner(model, seed=2)
+    one_shot = hybrid(model, seed=2)
     one_shot.add(0, prompt)
     one_shot.prefill([(0, len(prompt))])
     one_shot.decode(4)
 
-    chunked = HybridRunner(model, seed=3)
+    chunked = hybrid(model, seed=3)
     chunked.add(0, prompt)
     for end in chunks:
         chunked.prefill([(0, end)])
@@ -260,13 +158,13 @@ def test_freed_sliding_blocks_are_never_read(model):
     although dropped blocks hold NaN and their table entries point at block 0."""
     results = []
     for free in (False, True):
-        runner = HybridRunner(model, seed=4, free_outside_window=free)
+        runner = hybrid(model, seed=4, free_outside_window=free)
         runner.add(0, prompts(4, 150)[0])
         runner.prefill([(0, 90)])
         runner.prefill([(0, 150)])
         runner.decode(6)
         if free:
-            assert runner.seqs[0].blocks[32][:6] == [0] * 6
+            assert runner.seqs[0].tables[32][:6] == [0] * 6
             block0 = [t[0] for layer in runner.kv[0] for t in layer]
             assert all(not b.any() for b in block0)  # the null block stays untouched
         results.append(runner.seqs[0])
@@ -297,7 +195,7 @@ def test_greedy_generate_parity_on_text(checkpoint, model, hf):
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = corpus_text()
     ids = tokenizer(text[:4000])["input_ids"]
-    runner = HybridRunner(model, seed=5)
+    runner = hybrid(model, seed=5)
     lengths = {0: 110, 1: 190, 2: 300}
     for slot, n in lengths.items():
         runner.add(slot, ids[slot * 7 : slot * 7 + n])
@@ -341,9 +239,9 @@ def test_layers_with_one_tensor_idx_share_storage(model):
 
 
 def test_page_tables_per_layer_must_name_every_layer(model):
-    runner = HybridRunner(model)
+    runner = hybrid(model)
     runner.add(0, prompts(6, 10)[0])
-    tables = runner._tables([0, None, None, None], 4)
+    tables = runner.page_tables([0, None, None, None], WIDTH)
     with pytest.raises(HostModelInputError, match="2 tables, the model has 3 layers"):
         model.prefill_forward(
             tokens=torch.zeros(1, 10, dtype=torch.int32), page_table=tables[0][:1], kv_cache=runner.kv,

@@ -7,9 +7,7 @@ and reused."""
 from __future__ import annotations
 
 import dataclasses
-import random
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from vllm_tt_platform.host.models.moe import moe_mlp
 from vllm_tt_platform.host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 BLOCK = 16
@@ -143,140 +142,24 @@ def test_config_reading_and_refusals(gpt_oss_dir):
 # ---- the whole model through the TT contract, hybrid KV ------------------------------------
 
 
-@dataclass
-class Seq:
-    prompt: list[int]
-    tables: list[list[int]]
-    """Per layer: its group's block table (layers of one kind share one list)."""
-    computed: int = 0
-    generated: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-class HybridRunner:
-    """vLLM's hybrid KV manager and the TT runner, reduced: one shuffled block pool per lane
-    shared by both KV groups, both layers in one shared tensor, one block table per group. Before
-    each step the sliding group drops the blocks its window no longer reaches (table entry ->
-    null block 0) and the pool hands them out again; freed blocks and block 0 hold garbage, so
-    reading any of them changes the logits."""
-
-    def __init__(self, model: HostGptOssForCausalLM, seed: int = 0) -> None:
-        cfg = model.config
-        self.model = model
-        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]
-        shape = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
-        self.kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, 0)] * cfg.num_layers)
-        self.rng = torch.Generator().manual_seed(seed)
-        order = list(range(1, NUM_BLOCKS))
-        random.Random(seed).shuffle(order)
-        self.free = [list(order) for _ in range(model.lanes.count)]
-        for lane in range(model.lanes.count):
-            self._scribble(lane, 0)
-        self.null_blocks = [[t[0].clone() for t in self.kv[lane][0]] for lane in range(model.lanes.count)]
-        self.seqs: dict[int, Seq] = {}
-        self.freed = 0
-
-    def _scribble(self, lane: int, block: int) -> None:
-        for tensor in self.kv[lane][0]:  # the one tensor both layers share
-            tensor[block] = torch.randn(tensor[block].shape, generator=self.rng) * 100
-
-    def add(self, slot: int, prompt: list[int], prefix_of: int | None = None, cached_blocks: int = 0) -> None:
-        """Admit a request; a prefix-cache hit reuses ``cached_blocks`` full blocks of
-        ``prefix_of``: all of them in the full group, in the sliding group only those the
-        window of the first computed position reaches (the others are null)."""
-        groups: dict[int | None, list[int]] = {window: [] for window in self.windows}
-        if prefix_of is not None:
-            start = cached_blocks * BLOCK
-            for window, source in self._groups(self.seqs[prefix_of]).items():
-                first = 0 if window is None else max(0, start - window + 1) // BLOCK
-                groups[window].extend([0] * first + source[first:cached_blocks])
-        tables = [groups[window] for window in self.windows]
-        self.seqs[slot] = Seq(prompt, tables, computed=cached_blocks * BLOCK)
-
-    def null_block_untouched(self) -> bool:
-        """Padding rows and null entries never write block 0."""
-        return all(
-            torch.equal(t[0], kept)
-            for lane, blocks in enumerate(self.null_blocks)
-            for t, kept in zip(self.kv[lane][0], blocks, strict=True)
-        )
-
-    def _groups(self, seq: Seq) -> dict[int | None, list[int]]:
-        return dict(zip(self.windows, seq.tables, strict=True))
-
-    def _prepare(self, slot: int, computed: int, length: int) -> None:
-        """Free what left the window (vLLM frees before it allocates), then cover ``length``."""
-        lane = self.model.lanes.lane_of(slot)
-        for window, table in self._groups(self.seqs[slot]).items():
-            if window is not None:
-                for j in range(max(0, computed - window + 1) // BLOCK):
-                    if table[j]:
-                        self.free[lane].insert(0, table[j])
-                        self._scribble(lane, table[j])
-                        table[j] = 0
-                        self.freed += 1
-            while len(table) * BLOCK < length:
-                table.append(self.free[lane].pop())
-
-    def _tables(self, slots: list[int | None]) -> list[torch.Tensor]:
-        rows = [self.seqs[s].tables if s is not None else [[]] * len(self.windows) for s in slots]
-        return [
-            torch.tensor([row[layer] + [0] * (WIDTH - len(row[layer])) for row in rows], dtype=torch.int32)
-            for layer in range(len(self.windows))
-        ]
-
-    def prefill(self, chunks: list[tuple[int, int]], **kwargs):
-        """One prefill step: ``(slot, end)`` computes ``[computed, end)`` of that request."""
-        width = max(len(self.seqs[s].history) for s, _ in chunks)
-        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (slot, end) in enumerate(chunks):
-            self._prepare(slot, self.seqs[slot].computed, end)
-            history = self.seqs[slot].history
-            tokens[row, : len(history)] = torch.tensor(history)
-        tables = self._tables([s for s, _ in chunks])
-        # The runner pads per-layer tables to the warmup batch.
-        padding = torch.zeros(self.model.max_batch_size - len(chunks), WIDTH, dtype=torch.int32)
-        padded = [torch.cat((table, padding)) for table in tables]
-        out = self.model.prefill_forward(
-            tokens=tokens, page_table=tables[0], kv_cache=self.kv, prompt_lens=[end for _, end in chunks],
-            start_pos=[self.seqs[s].computed for s, _ in chunks], empty_slots=[s for s, _ in chunks],
-            page_tables_per_layer=padded, **kwargs,
-        )
-        for row, (slot, end) in enumerate(chunks):
-            seq = self.seqs[slot]
-            seq.computed = end
-            if end == len(seq.history) and not kwargs.get("return_all_logits"):
-                seq.logits.append(out[row, -1])
-                seq.generated.append(int(out[row, -1].argmax()))
-        return out
-
-    def decode(self, steps: int) -> None:
-        rows = self.model.max_batch_size
-        for _ in range(steps):
-            tokens = torch.zeros(rows, 1, dtype=torch.int32)
-            start = torch.full((rows,), -1, dtype=torch.int32)
-            for slot, seq in self.seqs.items():
-                self._prepare(slot, len(seq.history) - 1, len(seq.history))
-                tokens[slot, 0] = seq.history[-1]
-                start[slot] = len(seq.history) - 1
-            tables = self._tables([s if s in self.seqs else None for s in range(rows)])
-            out = self.model.decode_forward(
-                tokens=tokens, start_pos=start, page_table=tables[0], kv_cache=self.kv,
-                page_tables_per_layer=tables, read_from_device=False,
-            )
-            for slot, seq in self.seqs.items():
-                seq.computed = len(seq.history)
-                seq.logits.append(out[slot, -1])
-                seq.generated.append(int(out[slot, -1].argmax()))
+def hybrid(model: HostGptOssForCausalLM, seed: int = 0) -> ContractDriver:
+    """vLLM's hybrid KV manager and the TT runner: one shuffled block pool per lane shared by
+    both KV groups, both layers in one shared tensor, one block table per group. Blocks the
+    sliding group drops are filled with noise and handed out again; the null block holds noise
+    too, so reading any of them changes the logits."""
+    cfg = model.config
+    shape = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
+    kv = model.allocate_kv_cache_per_layer([(shape, torch.float32, 0)] * cfg.num_layers)
+    windows = [cfg.window(i) for i in range(cfg.num_layers)]
+    driver = ContractDriver(model, kv, windows, width=WIDTH, seed=seed, spoil="noise", recycle=True)
+    for lane in range(model.lanes.count):
+        driver.spoil(lane, 0)
+    return driver
 
 
 def test_prefill_logits_at_every_position(gpt_oss_dir, hf_gpt_oss):
     model = build(gpt_oss_dir)
-    runner = HybridRunner(model, seed=1)
+    runner = hybrid(model, seed=1)
     prompt = prompts(0, 100)[0]  # three windows long
     runner.add(1, prompt)
     out = runner.prefill([(1, 100)], return_all_logits=True)
@@ -287,7 +170,7 @@ def test_prefill_logits_at_every_position(gpt_oss_dir, hf_gpt_oss):
 
 def test_chunked_prefill_and_paged_decode_match_generate(gpt_oss_dir, hf_gpt_oss):
     model = build(gpt_oss_dir)
-    runner = HybridRunner(model, seed=2)
+    runner = hybrid(model, seed=2)
     long, short = prompts(1, 90, 20)
     runner.add(0, long)
     runner.add(1, short)
@@ -296,7 +179,7 @@ def test_chunked_prefill_and_paged_decode_match_generate(gpt_oss_dir, hf_gpt_oss
     runner.prefill([(0, 61)])
     runner.prefill([(0, 90)])
     runner.decode(14)  # slot 1 crosses its window while decoding
-    assert runner.freed > 0 and 0 in runner.seqs[0].tables[0] and 0 not in runner.seqs[0].tables[1]
+    assert runner.freed > 0 and 0 in runner.seqs[0].tables[WINDOW] and 0 not in runner.seqs[0].tables[None]
     for slot in (0, 1):
         assert_matches_hf(hf_gpt_oss, runner.seqs[slot])
     assert runner.null_block_untouched()
@@ -306,13 +189,13 @@ def test_prefix_cache_hit_reads_only_its_window(gpt_oss_dir, hf_gpt_oss):
     """A hit on 4 cached blocks (64 tokens): the full layer reuses all four, the sliding layer
     only the blocks its window reaches from position 64; prefill resumes at start_pos 64."""
     model = build(gpt_oss_dir)
-    runner = HybridRunner(model, seed=5)
+    runner = hybrid(model, seed=5)
     first, own = prompts(8, 100, 30)
     runner.add(0, first)
     runner.prefill([(0, 100)])
     runner.add(1, first[:64] + own, prefix_of=0, cached_blocks=4)
     del runner.seqs[0]  # finished; its blocks stay cached
-    assert runner.seqs[1].tables[0][:2] == [0, 0] and 0 not in runner.seqs[1].tables[1]
+    assert runner.seqs[1].tables[WINDOW][:2] == [0, 0] and 0 not in runner.seqs[1].tables[None]
     runner.prefill([(1, 94)])
     runner.decode(6)
     assert_matches_hf(hf_gpt_oss, runner.seqs[1])
@@ -326,7 +209,7 @@ def test_greedy_generate_parity_on_text(gpt_oss_dir, hf_gpt_oss):
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(gpt_oss_dir)
     text = corpus_text()
     model = build(gpt_oss_dir)
-    runner = HybridRunner(model, seed=3)
+    runner = hybrid(model, seed=3)
     for slot, start in enumerate((0, len(text) // 2)):
         runner.add(slot, tokenizer(text[start : start + 400])["input_ids"][:70])
     runner.prefill([(0, 70), (1, 70)])
@@ -358,7 +241,7 @@ def test_wrong_variants_change_outputs(gpt_oss_dir, hf_gpt_oss, monkeypatch, wro
         decoder.rotaries = tuple(plain for _ in decoder.rotaries)
     else:
         decoder.config = dataclasses.replace(decoder.config, layer_windows=(None, None))
-    runner = HybridRunner(model, seed=4)
+    runner = hybrid(model, seed=4)
     prompt = prompts(5, 80)[0]
     runner.add(0, prompt)
     out = runner.prefill([(0, 80)], return_all_logits=True)
@@ -393,7 +276,7 @@ def test_lanes_on_a_galaxy_mesh_keep_separate_kv(gpt_oss_dir, hf_gpt_oss):
     same block ids and must still see only its own KV."""
     model = build(gpt_oss_dir, batch=4, lanes=4, mesh=MeshShape(8, 4))
     assert model.lanes.count == 4 and [d.shape for d in model.lanes.devices] == [(2, 4)] * 4
-    runner = HybridRunner(model, seed=6)
+    runner = hybrid(model, seed=6)
     assert len(runner.kv) == 4
     first, second = prompts(7, 45, 38)
     runner.add(0, first)
@@ -401,7 +284,7 @@ def test_lanes_on_a_galaxy_mesh_keep_separate_kv(gpt_oss_dir, hf_gpt_oss):
     runner.prefill([(0, 45)])
     assert all(not t[1:].any() for t in runner.kv[3][0])  # lane 3 untouched but its garbage block 0
     runner.prefill([(3, 38)])
-    assert runner.seqs[0].tables[1][:2] == runner.seqs[3].tables[1][:2]
+    assert runner.seqs[0].tables[None][:2] == runner.seqs[3].tables[None][:2]
     runner.decode(8)
     assert_matches_hf(hf_gpt_oss, runner.seqs[0])
     assert_matches_hf(hf_gpt_oss, runner.seqs[3])

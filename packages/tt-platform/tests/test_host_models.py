@@ -5,9 +5,7 @@ the model runner drives them: paged KV from a shuffled free list, whole historie
 from __future__ import annotations
 
 import dataclasses
-import random
 import types
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ from vllm_tt_platform.host.models.gemma3 import HostGemma3ForCausalLM
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError, PrefillTooLongError, TraceKey
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 MODEL_CLASSES: dict[str, type[HostCausalLM]] = {
@@ -50,99 +49,17 @@ def build(tiny_checkpoint, arch: str, batch: int = 4, lanes: int = 1, max_seq: i
     return model, mesh
 
 
-@dataclass
-class Seq:
-    prompt: list[int]
-    blocks: list[int]
-    computed: int = 0
-    generated: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-class Runner:
-    """The runner's side of the contract, reduced to what the parity tests need."""
-
-    def __init__(self, model: HostCausalLM, seed: int = 0) -> None:
-        cfg = model.config
-        self.model = model
-        self.kv = model.allocate_kv_cache(
-            (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, cfg.num_layers
-        )
-        order = list(range(1, NUM_BLOCKS))  # block 0 is vLLM's null block: never handed out
-        random.Random(seed).shuffle(order)
-        self.free = [list(order) for _ in range(model.lanes.count)]  # same ids in every lane
-        self.seqs: dict[int, Seq] = {}
-
-    def add(self, slot: int, prompt: list[int], prefix_of: int | None = None, cached_blocks: int = 0):
-        """Admit a request; a prefix hit shares ``cached_blocks`` full blocks of ``prefix_of``."""
-        blocks = self.seqs[prefix_of].blocks[:cached_blocks] if prefix_of is not None else []
-        self.seqs[slot] = Seq(prompt, list(blocks), computed=len(blocks) * BLOCK)
-
-    def _reserve(self, slot: int, length: int) -> None:
-        seq = self.seqs[slot]
-        while len(seq.blocks) * BLOCK < length:
-            seq.blocks.append(self.free[self.model.lanes.lane_of(slot)].pop())
-
-    def _page_row(self, slot: int | None) -> list[int]:
-        blocks = [] if slot is None else self.seqs[slot].blocks
-        return blocks + [0] * (WIDTH - len(blocks))
-
-    def prefill(self, chunks: list[tuple[int, int]], **kwargs):
-        """One prefill step: ``(slot, end)`` computes ``[computed, end)`` of that request."""
-        width = max(len(self.seqs[s].history) for s, _ in chunks)
-        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (slot, end) in enumerate(chunks):
-            self._reserve(slot, end)
-            history = self.seqs[slot].history
-            tokens[row, : len(history)] = torch.tensor(history)
-        out = self.model.prefill_forward(
-            tokens=tokens,
-            page_table=torch.tensor([self._page_row(s) for s, _ in chunks], dtype=torch.int32),
-            kv_cache=self.kv,
-            prompt_lens=[end for _, end in chunks],
-            start_pos=[self.seqs[s].computed for s, _ in chunks],
-            empty_slots=[s for s, _ in chunks],
-            **kwargs,
-        )
-        for row, (slot, end) in enumerate(chunks):
-            seq = self.seqs[slot]
-            seq.computed = end
-            if end == len(seq.history) and "sampling_params" not in kwargs:  # last chunk
-                seq.logits.append(out[row, -1])
-                seq.generated.append(int(out[row, -1].argmax()))
-        return out
-
-    def decode(self, steps: int) -> None:
-        rows = self.model.max_batch_size
-        for _ in range(steps):
-            tokens = torch.zeros(rows, 1, dtype=torch.int32)
-            start = torch.full((rows,), -1, dtype=torch.int32)
-            for slot, seq in self.seqs.items():
-                self._reserve(slot, len(seq.history))
-                tokens[slot, 0] = seq.history[-1]
-                start[slot] = len(seq.history) - 1
-            table = [self._page_row(s if s in self.seqs else None) for s in range(rows)]
-            out = self.model.decode_forward(
-                tokens=tokens,
-                start_pos=start,
-                page_table=torch.tensor(table, dtype=torch.int32),
-                kv_cache=self.kv,
-                enable_trace=False,
-                read_from_device=False,
-            )
-            for slot, seq in self.seqs.items():
-                seq.logits.append(out[slot, -1])
-                seq.generated.append(int(out[slot, -1].argmax()))
+def drive(model: HostCausalLM, seed: int = 0) -> ContractDriver:
+    """The runner's side of the single-table contract over one paged KV cache."""
+    cfg = model.config
+    kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, cfg.num_layers)
+    return ContractDriver(model, kv, width=WIDTH, seed=seed)
 
 
 @pytest.mark.parametrize("arch", sorted(MODEL_CLASSES))
 def test_greedy_parity_with_transformers(arch, tiny_checkpoint, hf_reference):
     model, _ = build(tiny_checkpoint, arch)
-    runner = Runner(model, seed=1)
+    runner = drive(model, seed=1)
     short, long, own = prompts(0, 7, 200, 13)
     runner.add(0, short)
     runner.add(2, long)
@@ -152,7 +69,7 @@ def test_greedy_parity_with_transformers(arch, tiny_checkpoint, hf_reference):
     # the long prompt's first two blocks (start_pos 32).
     runner.add(3, long[:32] + own, prefix_of=2, cached_blocks=2)
     runner.prefill([(2, 200), (3, 45)])
-    runner.decode(8)  # slot 1 is a padding row throughout
+    runner.decode(8, enable_trace=False, read_from_device=False)  # slot 1 is a padding row throughout
 
     hf = hf_reference(arch)
     for slot in (0, 2, 3):
@@ -165,7 +82,7 @@ def test_lanes_keep_separate_kv_caches(tiny_checkpoint, hf_reference):
     model, mesh = build(tiny_checkpoint, "qwen3", batch=4, lanes=2)
     assert [d.lane for d in model.lanes.devices] == [0, 1]
     assert [d.shape for d in model.lanes.devices] == [(1, 1), (1, 1)]
-    runner = Runner(model, seed=2)
+    runner = drive(model, seed=2)
     assert len(runner.kv) == 2
     first, second = prompts(1, 20, 27)
     runner.add(0, first)  # lane 0
@@ -173,8 +90,8 @@ def test_lanes_keep_separate_kv_caches(tiny_checkpoint, hf_reference):
     runner.prefill([(0, 20)])
     assert all(not t.any() for layer in runner.kv[1] for t in layer)  # lane 1 untouched
     runner.prefill([(2, 27)])
-    assert runner.seqs[0].blocks == runner.seqs[2].blocks
-    runner.decode(6)
+    assert runner.seqs[0].tables == runner.seqs[2].tables
+    runner.decode(6, enable_trace=False, read_from_device=False)
     hf = hf_reference("qwen3")
     assert_matches_hf(hf, runner.seqs[0])
     assert_matches_hf(hf, runner.seqs[2])
@@ -187,7 +104,7 @@ def test_lanes_need_equal_batches(tiny_checkpoint):
 
 def test_decode_rejects_a_partial_batch(tiny_checkpoint):
     model, _ = build(tiny_checkpoint, "mistral")
-    kv = Runner(model).kv
+    kv = drive(model).kv
     with pytest.raises(HostModelInputError, match="full fixed batch of 4"):
         model.decode_forward(
             tokens=torch.zeros(3, 1, dtype=torch.int32),
@@ -199,7 +116,7 @@ def test_decode_rejects_a_partial_batch(tiny_checkpoint):
 
 def test_traces_must_be_captured_by_warmup(tiny_checkpoint):
     model, mesh = build(tiny_checkpoint, "mistral", lanes=2, max_seq=256)
-    runner = Runner(model)
+    runner = drive(model)
     runner.add(0, prompts(2, 10)[0])
     with pytest.raises(TraceNotCapturedError):
         runner.prefill([(0, 10)], enable_trace=True)
@@ -241,7 +158,7 @@ def test_warmup_decode_checks_the_batch(tiny_checkpoint):
     model, _ = build(tiny_checkpoint, "mistral")
     with pytest.raises(HostModelInputError, match="max_batch_size=8"):
         model.warmup_model_decode(
-            kv_cache=Runner(model).kv,
+            kv_cache=drive(model).kv,
             enable_trace=True,
             max_batch_size=8,
             num_blocks=WIDTH,
@@ -263,7 +180,7 @@ def test_prefill_longer_than_largest_bucket_is_an_error(tiny_checkpoint):
 
 def test_prefill_rejects_bad_rows(tiny_checkpoint):
     model, _ = build(tiny_checkpoint, "qwen2")
-    runner = Runner(model)
+    runner = drive(model)
     args = dict(tokens=torch.zeros(1, 20, dtype=torch.int32), kv_cache=runner.kv)
     with pytest.raises(HostModelInputError, match="start_pos"):
         model.prefill_forward(
@@ -352,7 +269,7 @@ def test_device_sampling_greedy_returns_argmax_tokens(tiny_checkpoint):
     from vllm_tt_sampling.params import TTSamplingParams
 
     model, _ = build(tiny_checkpoint, "qwen3")
-    logits_run, sampled_run = Runner(model, seed=3), Runner(model, seed=3)
+    logits_run, sampled_run = drive(model, seed=3), drive(model, seed=3)
     prompt = prompts(3, 30)[0]
     for runner in (logits_run, sampled_run):
         runner.add(1, prompt)
@@ -360,14 +277,14 @@ def test_device_sampling_greedy_returns_argmax_tokens(tiny_checkpoint):
     tokens = sampled_run.prefill([(1, 30)], sampling_params=TTSamplingParams.neutral(1))
     assert tokens.dtype == torch.int64 and tokens.tolist() == [int(logits[0, -1].argmax())]
 
-    logits_run.decode(1)  # decodes the argmax token, as sampled_run will
+    logits_run.decode(1, enable_trace=False, read_from_device=False)  # decodes the argmax token, as sampled_run will
     rows = model.max_batch_size
     start = torch.full((rows,), -1, dtype=torch.int32)
     start[1] = 30
     inputs = torch.zeros(rows, 1, dtype=torch.int32)
     inputs[1, 0] = tokens[0]
     table = torch.zeros(rows, WIDTH, dtype=torch.int32)
-    table[1, : len(sampled_run.seqs[1].blocks)] = torch.tensor(sampled_run.seqs[1].blocks)
+    table[1, : len(sampled_run.seqs[1].tables[None])] = torch.tensor(sampled_run.seqs[1].tables[None])
     params = TTSamplingParams.neutral(rows)
     params = TTSamplingParams(**{**vars(params), "enable_log_probs": [False, True, False, False]})
     out, logprobs = model.decode_forward(
