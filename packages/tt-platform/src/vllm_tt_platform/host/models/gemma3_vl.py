@@ -15,7 +15,7 @@ vLLM's on-device normalisation), so uint8 pixels are refused rather than guessed
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ PROJECTOR_PREFIXES: tuple[str, ...] = ("multi_modal_projector.", "model.multi_mo
 class Gemma3VLConfig(Gemma3Config):
     """The text decoder's numbers plus the vision tower's and the image placeholders'."""
 
-    vision: SiglipConfig | None = None
+    vision: SiglipConfig = field(kw_only=True)
     mm_tokens_per_image: int = 256
     image_token_id: int = -1
 
@@ -99,7 +99,6 @@ class Gemma3Projector:
     """Patch states of the tower -> ``mm_tokens_per_image`` vectors in the text width."""
 
     def __init__(self, config: Gemma3VLConfig, weights: ProjectorWeights) -> None:
-        assert config.vision is not None  # Gemma3VLConfig.from_hf_vl always sets it
         self.vision = config.vision
         self.side = config.tokens_per_side
         self.weights = weights
@@ -215,7 +214,6 @@ def _prefix(reader: _SafetensorsFolder, candidates: tuple[str, ...], probe: str,
 
 def load_gemma3_vl_decoder(folder: Path, config: Gemma3VLConfig) -> Gemma3VLDecoder:
     """The text decoder, tower and projector, under the names transformers 5 (or 4) wrote."""
-    assert config.vision is not None  # Gemma3VLConfig.from_hf_vl always sets it
     reader = _SafetensorsFolder(folder)
     text = _prefix(reader, TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
     vision = _prefix(reader, VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision tower")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -58,7 +58,7 @@ VISION_PREFIXES: tuple[str, ...] = ("visual.", "model.visual.")
 class Qwen25VLConfig(DecoderConfig):
     mrope_section: tuple[int, ...] = ()
     """Rotated pairs per index (temporal, height, width, repeating); sums to ``head_dim / 2``."""
-    vision: VisionConfig | None = None
+    vision: VisionConfig = field(kw_only=True)
     image_token_id: int = -1
 
     @classmethod
@@ -178,7 +178,6 @@ def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config
                     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The ``[3, len(ids)]`` mRoPE indices of a row's tokens and the ``[first, stop)`` of each
     image's placeholders; the ``i``-th placeholder run is image ``i`` of ``grids``."""
-    assert config.vision is not None  # from_hf_vl always sets it
     merge = config.vision.merge_size
     runs = image_runs(ids, config.image_token_id)
     if len(runs) > len(grids):
@@ -249,7 +248,6 @@ class Qwen25VLDecoder(HostDecoder):
 
 
 def load_qwen2_5_vl_decoder(folder: Path, config: Qwen25VLConfig) -> Qwen25VLDecoder:
-    assert config.vision is not None
     reader = _SafetensorsFolder(folder)
     text = _prefix(reader, TEXT_PREFIXES, "embed_tokens.weight")
     vision = _prefix(reader, VISION_PREFIXES, "patch_embed.proj.weight")
