@@ -9,7 +9,8 @@ at random points. Pass (docs/reliability.md):
 - every completed greedy request equal to the same request sent alone first;
 - the RSS of every process of the server grows <= 5 % from just after warm-up to the end;
 - ``/metrics`` drains to 0 running, 0 waiting, 0 % KV in use;
-- the step trace (``TT_SAMPLING_TRACE``) phase-pure: every step prefill-only or decode-only.
+- every step prefill-only or decode-only, by the runner's phases (``TT_SAMPLING_TRACE``) and,
+  independently, by the rows of the scheduler's step trace (``TT_STEP_TRACE``).
 
     python benchmarks/soak.py --minutes 30 [--mesh-device TG --lanes 4 --max-num-seqs 4]
 
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,6 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "testing")]
 
 from report import write_results  # noqa: E402
 from vllm_tt_testing import traffic  # noqa: E402
+from vllm_tt_testing.step_trace import check_step_trace  # noqa: E402
 from vllm_tt_testing.traffic import Spec  # noqa: E402
 
 from tests.e2e.helpers import living_group_members, serve_process  # noqa: E402
@@ -47,6 +50,7 @@ LENGTH_WEIGHTS = (2, 3, 4, 4, 2, 1)
 RSS_EVERY_S = 10.0
 WARMUP_FRACTION = 0.2
 """RSS is compared from the end of warm-up (this share of the run) to the end."""
+LAG_TICK_S = 0.1
 RSS_WINDOW = 6
 """Samples averaged at each end of the comparison (one minute)."""
 
@@ -129,10 +133,6 @@ async def soak(url: str, pgid: int, minutes: float, concurrency: int, seed: int)
     loop = asyncio.get_running_loop()
     start = loop.time()
     deadline = start + minutes * 60
-    # Idle pooled connections expire before the server's keep-alive timeout (vLLM's
-    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; httpx's default expiry is also 5 s): otherwise a request
-    # can go out on a connection the server is closing and fail before the server sees it.
-    limits = httpx.Limits(max_connections=concurrency + 8, keepalive_expiry=2.0)
 
     async def worker(client: httpx.AsyncClient) -> None:
         while loop.time() < deadline:
@@ -145,8 +145,17 @@ async def soak(url: str, pgid: int, minutes: float, concurrency: int, seed: int)
             rss.sample(loop.time() - start, living_group_members(pgid))
             await asyncio.sleep(RSS_EVERY_S)
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=60), limits=limits) as client:
-        await asyncio.gather(sampler(), *(worker(client) for _ in range(concurrency)))
+    lags: list[tuple[float, float]] = []
+
+    async def lag_watch() -> None:
+        """How late this client's event loop wakes up (a late client reads answers late)."""
+        while loop.time() < deadline:
+            before = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            lags.append((before - start, loop.time() - before - LAG_TICK_S))
+
+    async with traffic.connection_per_request(concurrency + 8, httpx.Timeout(600, connect=60)) as client:
+        await asyncio.gather(sampler(), lag_watch(), *(worker(client) for _ in range(concurrency)))
     elapsed = loop.time() - start
     rss.sample(elapsed, living_group_members(pgid))
     drained = await traffic.drained(url)
@@ -155,7 +164,11 @@ async def soak(url: str, pgid: int, minutes: float, concurrency: int, seed: int)
     return {"prefix_cache_hit_pct": 100 * hits / queries if queries else 0.0,"references": len(refs), "references_s": refs_s, "elapsed_s": elapsed, "finished": tally.finished,
             "cancelled": tally.cancelled, "problems": tally.problems, "by_kind": dict(tally.by_kind),
             "statuses": {str(k): v for k, v in statuses.items()}, "drained": asdict(drained),
-            "rss": rss.growth(minutes * 60 * WARMUP_FRACTION)}
+            "rss": rss.growth(minutes * 60 * WARMUP_FRACTION),
+            "client_lag_s": {"max": max((lag for _, lag in lags), default=0.0),
+                             "p99": statistics.quantiles([lag for _, lag in lags], n=100, method="inclusive")[-1] if len(lags) > 1 else 0.0,
+                             "over_1s": sum(lag > 1.0 for _, lag in lags),
+                             "over_1s_at": [round(t) for t, lag in lags if lag > 1.0][:50]}}
 
 
 def phase_purity(trace: Path) -> dict:
@@ -183,7 +196,11 @@ def markdown(r: dict) -> str:
         f"| HTTP statuses (0 = cut by the client) | {s['statuses']} |",
         f"| error answers / wrong outputs | {len(s['problems'])} |",
         f"| greedy references (sent alone first) | {s['references']} in {s['references_s']:.0f} s |",
-        f"| steps traced (by phase) | {r['trace']['steps']} {r['trace']['by_phase']} |",
+        f"| steps run (runner's TT_SAMPLING_TRACE, by phase) | {r['trace']['steps']} {r['trace']['by_phase']} |",
+        f"| steps scheduled (TT_STEP_TRACE, by phase; mixed by their rows) | {r['step_trace']['steps']} "
+        f"{r['step_trace']['by_phase']}; {r['step_trace']['mixed_steps']} mixed |",
+        f"| client event loop late (max / p99) | {s['client_lag_s']['max']:.2f} / {s['client_lag_s']['p99']:.2f} s; "
+        f"{s['client_lag_s']['over_1s']} wake-ups more than 1 s late |",
         f"| prefix cache hits (of prompt tokens queried) | {s.get('prefix_cache_hit_pct', float('nan')):.1f} % |",
         f"| RSS after warm-up -> end | {rss} |",
         f"| drained (running / waiting / KV) | {s['drained']['running']:g} / {s['drained']['waiting']:g} / "
@@ -192,6 +209,7 @@ def markdown(r: dict) -> str:
     ] + [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in checks.items()]
     lines += ["", "Requests by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())), ""]
     lines += [f"- {p}" for p in s["problems"][:20]]
+    lines += [f"- mixed step: {m}" for m in r["step_trace"]["mixed"]]
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +222,7 @@ def main() -> int:
     parser.add_argument("--lanes", type=int, default=0, help="serve in lanes: --data-parallel-size N on the mesh")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--keep-files", type=Path, help="keep the server's log and both step traces in this directory")
     args = parser.parse_args()
     from vllm_tt_platform.host.tiny import build_tiny_checkpoint
 
@@ -215,15 +234,20 @@ def main() -> int:
     if args.lanes:  # one engine process of N lanes needs one API server (vLLM sizes it from -dp)
         server_args += ["--data-parallel-size", str(args.lanes), "--api-server-count", "1"]
     with tempfile.TemporaryDirectory(prefix="tt-soak-") as tmp:
-        trace = Path(tmp) / "steps.jsonl"
-        env = {"TT_SAMPLING_TRACE": str(trace)}
+        trace, step_trace = Path(tmp) / "steps.jsonl", Path(tmp) / "scheduled.jsonl"
+        env = {"TT_SAMPLING_TRACE": str(trace), "TT_STEP_TRACE": str(step_trace)}
         if args.mesh_device:
             env["MESH_DEVICE"] = args.mesh_device
         model = Path(build_tiny_checkpoint("llama", Path(tmp) / "llama", train_steps=0, seed=0))
         with serve_process(model, *server_args, env=env, log=Path(tmp) / "serve.log") as server:
             result = asyncio.run(soak(server.url, server.process.pid, args.minutes, args.concurrency, args.seed))
         purity = phase_purity(trace)
+        scheduled = check_step_trace(step_trace)
         log = (Path(tmp) / "serve.log").read_text()
+        if args.keep_files:
+            args.keep_files.mkdir(parents=True, exist_ok=True)
+            for path in (trace, step_trace, Path(tmp) / "serve.log"):
+                shutil.copy(path, args.keep_files)
     drained = result["drained"]
     growth = [v["growth_pct"] for v in result["rss"].values()]
     checks = {
@@ -232,12 +256,16 @@ def main() -> int:
         "drained to 0 running / 0 waiting / 0 KV": (drained["running"], drained["waiting"],
                                                     drained["kv_usage"]) == (0, 0, 0),
         "step trace phase-pure": purity["pure"] and "MixedStepError" not in log,
+        "scheduled steps phase-pure by their rows (TT_STEP_TRACE)": scheduled.pure,
         "overlapped decode ran": "Overlapped decode on" in log,
     }
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]), "minutes": args.minutes,
            "mesh_device": args.mesh_device, "server_args": server_args, "concurrency": args.concurrency,
-           "soak": result, "trace": purity, "checks": checks, "passed": all(checks.values())}
+           "soak": result, "trace": purity,
+           "step_trace": {"steps": scheduled.steps, "by_phase": dict(scheduled.by_phase),
+                          "mixed_steps": scheduled.mixed_steps, "mixed": scheduled.mixed},
+           "checks": checks, "passed": all(checks.values())}
     name = "soak" + (f"_{args.mesh_device.lower()}" if args.mesh_device else "")
     write_results(out, args.out / f"{name}.json", args.out / f"{name}.md", markdown(out))
     return 0 if out["passed"] else 1

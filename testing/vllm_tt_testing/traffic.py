@@ -14,6 +14,7 @@ import json
 import random
 import re
 import resource
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,23 +70,64 @@ class Outcome:
     """Why this answer is wrong (None: fine)."""
 
 
+def connection_per_request(max_connections: int, timeout: httpx.Timeout | float) -> httpx.AsyncClient:
+    """A client that opens a new connection for every request and never reuses one.
+
+    A pooled connection is checked for expiry when a request picks it, not when the request is
+    written: a client whose event loop runs seconds late (CPU-starved, thousands of events to
+    parse) writes after the server's keep-alive (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s) has
+    closed the connection, and gets a reset (``httpx.ReadError``) that the server never logs.
+    These tools test the server, so they keep that client-side race out (docs/reliability.md).
+    """
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
 async def send(client: httpx.AsyncClient, url: str, spec: Spec) -> Outcome:
-    """Send ``spec`` and check its answer's framing (not its text: see ``check_texts``)."""
+    """Send ``spec`` and check its answer's framing (not its text: see ``check_texts``). A
+    transport failure's problem names the whole request and what the connection had done."""
+    probe = Probe(asyncio.get_running_loop().time())
     try:
         if spec.stream:
-            return await _stream(client, url, spec)
+            return await _stream(client, url, spec, probe)
         if spec.cancel_after is not None:
             try:
-                return await asyncio.wait_for(_plain(client, url, spec), spec.cancel_after / 1000)
+                return await asyncio.wait_for(_plain(client, url, spec, probe), spec.cancel_after / 1000)
             except TimeoutError:
                 return Outcome(spec, 0, cancelled=True)
-        return await _plain(client, url, spec)
+        return await _plain(client, url, spec, probe)
     except httpx.HTTPError as exc:
-        return Outcome(spec, 0, problem=f"{type(exc).__name__}: {exc}")
+        return Outcome(spec, 0, problem=f"{type(exc).__name__}: {exc!r}; {probe.describe(spec)}")
 
 
-async def _plain(client: httpx.AsyncClient, url: str, spec: Spec) -> Outcome:
-    response = await client.post(f"{url}/v1/completions", json=spec.body())
+@dataclass
+class Probe:
+    """What one request's connection did (httpcore's trace events), for diagnosing failures."""
+
+    started: float
+    wall_started: float = field(default_factory=time.time)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    local_port: int | None = None
+    stream_events: int = 0
+
+    async def trace(self, name: str, info: dict[str, Any]) -> None:
+        self.events.append((asyncio.get_running_loop().time() - self.started, name))
+        stream = info.get("return_value")
+        if name == "connection.connect_tcp.complete" and stream is not None:
+            self.local_port = stream.get_extra_info("client_addr")[1]
+
+    def describe(self, spec: Spec) -> str:
+        fresh = any(name.startswith("connection.connect_tcp") for _, name in self.events)
+        steps = ", ".join(f"{name.removeprefix('http11.')}@{t * 1000:.0f}ms" for t, name in self.events)
+        sent = time.strftime("%H:%M:%S", time.gmtime(self.wall_started))
+        return (f"sent {sent} UTC on a {'new' if fresh else 'reused'} connection (local port {self.local_port}), "
+                f"{self.stream_events} stream events, connection: {steps}; cancel_after={spec.cancel_after}; "
+                f"body={json.dumps(spec.body())}")
+
+
+async def _plain(client: httpx.AsyncClient, url: str, spec: Spec, probe: Probe | None = None) -> Outcome:
+    extensions = {"trace": probe.trace} if probe else None
+    response = await client.post(f"{url}/v1/completions", json=spec.body(), extensions=extensions)
     if response.status_code != 200:
         return Outcome(spec, response.status_code, problem=f"HTTP {response.status_code}: {response.text[:300]}")
     body = response.json()
@@ -93,8 +135,9 @@ async def _plain(client: httpx.AsyncClient, url: str, spec: Spec) -> Outcome:
     return Outcome(spec, 200, choice["text"], body["usage"]["completion_tokens"], choice["finish_reason"])
 
 
-async def _stream(client: httpx.AsyncClient, url: str, spec: Spec) -> Outcome:
-    async with client.stream("POST", f"{url}/v1/completions", json=spec.body()) as response:
+async def _stream(client: httpx.AsyncClient, url: str, spec: Spec, probe: Probe) -> Outcome:
+    async with client.stream("POST", f"{url}/v1/completions", json=spec.body(),
+                             extensions={"trace": probe.trace}) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             return Outcome(spec, response.status_code, problem=f"HTTP {response.status_code}: {text[:300]}")
@@ -103,6 +146,7 @@ async def _stream(client: httpx.AsyncClient, url: str, spec: Spec) -> Outcome:
             if not line.startswith("data: "):
                 continue
             events.append(line.removeprefix("data: "))
+            probe.stream_events = len(events)
             if spec.cancel_after is not None and len(events) >= spec.cancel_after and events[-1] != "[DONE]":
                 out = _parse_stream(spec, events, complete=False)
                 out.cancelled = True
@@ -153,7 +197,7 @@ def check(outcome: Outcome, references: dict[str, str]) -> str | None:
 async def references(url: str, specs: Sequence[Spec]) -> dict[str, str]:
     """The text of each greedy key, from the request sent alone (not streaming, no extras)."""
     out: dict[str, str] = {}
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with connection_per_request(4, 300) as client:
         for spec in specs:
             if spec.greedy and spec.compare and spec.key not in out:
                 alone = Spec(spec.key, spec.prompt, spec.max_tokens, stream=False)
@@ -296,10 +340,9 @@ async def run_streams(url: str, specs: Sequence[Spec], server_pids: Callable[[],
                 peak[name] = max(peak[name], count)
             await asyncio.sleep(0.5)
 
-    limits = httpx.Limits(max_connections=len(specs) + 16, max_keepalive_connections=0)
     start = loop.time()
     watcher = asyncio.create_task(watch_fds())
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=120), limits=limits) as client:
+    async with connection_per_request(len(specs) + 16, httpx.Timeout(900, connect=120)) as client:
         outcomes = await asyncio.gather(*(send(client, url, s) for s in specs))
     elapsed = loop.time() - start
     done.set()
