@@ -30,9 +30,10 @@ def test_prefill_chunks_decodes_preemption_and_finish_are_pure(tmp_path: Path) -
         ("prefill", {"b": 12}, [], []),  # and re-prefilled
         ("decode", {"a": 1, "b": 1, "c": 1}, [], []),
         ("decode", {"b": 1, "c": 1}, ["a"], []),
+        ("empty", {}, [], []),
         ("prefill", {"a2": 3}, ["b", "c"], []),
     ))
-    assert check.pure and check.steps == 8 and check.by_phase == {"prefill": 5, "decode": 3}
+    assert check.pure and check.steps == 9 and check.by_phase == {"prefill": 5, "decode": 3, "empty": 1}
 
 
 def test_a_decoding_request_in_a_prefill_step_is_mixed(tmp_path: Path) -> None:
@@ -55,5 +56,6 @@ def test_a_new_or_multi_token_row_in_a_decode_step_is_mixed(tmp_path: Path) -> N
     assert check.mixed_steps == 2 and check.mixed == ["step 1 (decode): {'b': 4}", "step 2 (decode): {'a': 3}"]
 
 
-def test_an_unknown_phase_label_is_not_pure(tmp_path: Path) -> None:
+def test_an_empty_step_with_rows_or_an_unknown_label_is_not_pure(tmp_path: Path) -> None:
+    assert check_step_trace(_trace(tmp_path, ("empty", {"a": 8}, [], []))).mixed == ["step 0 (empty): {'a': 8}"]
     assert not check_step_trace(_trace(tmp_path, ("mixed", {"a": 8}, [], []))).pure

@@ -5,7 +5,7 @@ step; this check rebuilds each row's phase from the tokens the trace says were s
 classification bug cannot hide a mixed step. A row is a decode when its request was scheduled in
 an earlier step and gets exactly one token; a request that decoded is *decoding* until it
 finishes or is preempted. A step is mixed when the step labelled decode holds a row that is not
-a decode, or a step labelled prefill holds a decoding request.
+a decode, a step labelled prefill holds a decoding request, or a step labelled empty holds any row.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class StepTraceCheck:
 
     @property
     def pure(self) -> bool:
-        return self.steps > 0 and not self.mixed_steps and set(self.by_phase) <= {"prefill", "decode"}
+        return self.steps > 0 and not self.mixed_steps and set(self.by_phase) <= {"prefill", "decode", "empty"}
 
 
 def check_step_trace(path: Path, keep: int = 20) -> StepTraceCheck:
@@ -48,6 +48,8 @@ def check_step_trace(path: Path, keep: int = 20) -> StepTraceCheck:
             if phase == "decode":
                 bad = {r: n for r, n in scheduled.items() if r not in seen or n != 1}
                 decoding.update(scheduled)
+            elif phase == "empty":
+                bad = dict(scheduled)
             else:
                 bad = {r: n for r, n in scheduled.items() if r in decoding}
             if bad:
