@@ -521,3 +521,85 @@ def test_an_mla_group_pages_every_layer_through_vllms_blocks_under_preemption(mo
             assert 0 not in expected[: cdiv(computed + 1, BLOCK)]  # nothing of an MLA group is dropped
             for table in call.kwargs["page_tables_per_layer"]:
                 assert table[row].tolist() == expected
+
+
+# ---- KV-shared layers (Gemma 4's num_kv_shared_layers) -------------------------------------
+
+SHARING = {"model.layers.2.self_attn": "model.layers.0.self_attn", "model.layers.3.self_attn": "model.layers.1.self_attn"}
+
+
+class SharingModel(HybridModel):
+    """Layer 0 (sliding, 2 KV heads x 16) and layer 1 (full, 1 KV head x 32: another shape, the
+    same page size) own KV; layer 2 reads layer 0's, layer 3 layer 1's, as vLLM's attention
+    layers name a ``kv_sharing_target_layer_name``."""
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, KVCacheSpec]:
+        return {
+            "model.layers.0.self_attn": spec_of("s")["model.layers.0.self_attn"],
+            "model.layers.1.self_attn": FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=32,
+                                                          dtype=torch.float32),
+        }
+
+    @classmethod
+    def get_kv_sharing_targets(cls, vllm_config: Any) -> dict[str, str]:
+        return dict(SHARING)
+
+
+class ChainedSharingModel(SharingModel):
+    @classmethod
+    def get_kv_sharing_targets(cls, vllm_config: Any) -> dict[str, str]:
+        return {**SHARING, "model.layers.3.self_attn": "model.layers.2.self_attn"}
+
+
+class SharedLayerWithSpecModel(SharingModel):
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, KVCacheSpec]:
+        return {**super().get_kv_cache_spec(vllm_config), "model.layers.2.self_attn": spec_of("s")["model.layers.0.self_attn"]}
+
+
+def test_kv_shared_layers_get_their_targets_storage_and_tables_under_preemption(model_dir: str) -> None:
+    """vLLM plans only the two owning layers; the shared ones are allocated on their target's
+    tensor index with its shape and receive its group's table object on every call, through
+    window moves and preemption."""
+    engine = Engine(model_dir, SharingModel, num_blocks=24)  # too few blocks for both requests at once
+    planned = sorted(name for group in engine.kv_config.kv_cache_groups for name in group.layer_names)
+    assert planned == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    engine.add("a", 60, 70)
+    engine.add("b", 60, 70)
+    engine.run()
+    assert engine.preempted > 0, "the pool was big enough: nothing was preempted"
+    (name, per_layer), = engine.model.allocations
+    blocks = engine.kv_config.num_blocks
+    assert [spec[0] for spec in per_layer] == [(blocks, 2, BLOCK, 16), (blocks, 1, BLOCK, 32)] * 2
+    assert per_layer[2] == per_layer[0] and per_layer[3] == per_layer[1]
+    layout = engine.runner.kv.layout
+    assert layout is not None
+    assert [g.layers for g in layout.groups] == [(0, 2), (1, 3)]
+    assert "layer 2 reads layer 0's KV; layer 3 reads layer 1's KV" in layout.describe()
+    for call in engine.model.calls:
+        tables = call.kwargs["page_tables_per_layer"]
+        assert tables[2] is tables[0] and tables[3] is tables[1], call.kind
+        for row, (req_id, computed) in rows_of(engine, call).items():
+            for layer, table in enumerate(tables):
+                group = layout.layers[layer].group
+                assert table[row].tolist() == expected_row(engine, group, call.vllm_blocks[req_id][group], computed)
+
+
+def test_kv_shared_layers_cost_no_blocks(model_dir: str) -> None:
+    """The budget and vLLM's pool count the owning layers only: one layer per group, so a block
+    costs one layer's page, half of what the same kinds cost with every layer owning its KV."""
+    shared, owning = Engine(model_dir, SharingModel).runner.kv_budget(), Engine(model_dir, HybridModel).runner.kv_budget()
+    assert [(g.kind, g.num_layers) for g in shared.groups] == [("sliding", 1), ("full", 1)]
+    assert [(g.kind, g.num_layers) for g in owning.groups] == [("sliding", 2), ("full", 2)]
+    assert shared.bytes_per_block == 2 * BLOCK * 32 * 4 == owning.bytes_per_block // 2
+    assert shared.blocks == owning.blocks
+
+
+@pytest.mark.parametrize(("model_cls", "match"), [
+    (ChainedSharingModel, r"get_kv_sharing_targets\(\) layers"),
+    (SharedLayerWithSpecModel, r"get_kv_cache_spec\(\) layers"),
+])
+def test_kv_sharing_that_vllm_cannot_plan_is_refused_by_name(model_dir: str, model_cls: type, match: str) -> None:
+    with pytest.raises(TTUnsupportedFeatureError, match=match):
+        Engine(model_dir, model_cls)

@@ -30,6 +30,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
 }
@@ -114,6 +115,32 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        },
+    },
+    # Gemma 4 text shape (E2B-like KV, no per-layer embeddings or experts): sliding layers of
+    # 2 KV heads x 32 and full layers of their own head size (global_head_dim 64) with one KV
+    # head whose values are its keys (attention_k_eq_v), proportional rope on a quarter of the
+    # full head, and the last two layers (one of each kind) reading the KV of the last earlier
+    # layer of their kind (num_kv_shared_layers). Both kinds cost 64 values per token, so
+    # vLLM's hybrid manager pools them without resizing blocks.
+    "gemma4": {
+        "rms_norm_eps": 1e-6,
+        "num_hidden_layers": 6,
+        "head_dim": 32,
+        "global_head_dim": 64,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "num_kv_shared_layers": 2,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention", "sliding_attention", "full_attention"],
+        "sliding_window": 32,
+        "final_logit_softcapping": 30.0,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": TOKENIZER_VOCAB,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
         },
     },
     # GPT-OSS shape: a sliding layer then a full one (window 32 < TRAIN_SEQ_LEN, so training
@@ -251,7 +278,7 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
 
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-        "gpt_oss": "gpt_oss", "deepseek_v3": "deepseek_v3",
+        "gemma4": "gemma4_text", "gpt_oss": "gpt_oss", "deepseek_v3": "deepseek_v3",
     }[arch]
     config = AutoConfig.for_model(
         model_type,

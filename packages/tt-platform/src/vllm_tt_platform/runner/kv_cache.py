@@ -5,7 +5,10 @@ the block budget); once vLLM has planned it, it allocates through the model cont
 the layout the step inputs need. A model class with ``get_kv_cache_spec(vllm_config)`` gives
 its own spec (tt-metal's opt-in to hybrid KV: sliding-window layers, per-layer shapes) and gets
 ``page_tables_per_layer`` on every call; any other model is served as before, one full-attention
-spec for every layer and one page table.
+spec for every layer and one page table. A model whose later layers read an earlier layer's KV
+(Gemma 4's ``num_kv_shared_layers``) also names them (``get_kv_sharing_targets``): like vLLM's
+``kv_sharing_target_layer_name``, they get no spec of their own (vLLM plans and the budget
+counts no blocks for them) and share their target's storage and page table.
 """
 
 from __future__ import annotations
@@ -58,17 +61,37 @@ class RunnerKV:
     def declares_spec(model_cls: type) -> bool:
         return callable(getattr(model_cls, "get_kv_cache_spec", None))
 
+    def sharing(self, model_cls: type) -> dict[int, int]:
+        """Layer -> the earlier layer whose KV it reads, from the model's
+        ``get_kv_sharing_targets(vllm_config)`` (layer names, as vLLM's attention layers name
+        their ``kv_sharing_target_layer_name``); empty when it declares none."""
+        declared: Callable[[VllmConfig], dict[str, str]] | None = getattr(model_cls, "get_kv_sharing_targets", None)
+        if not callable(declared):
+            return {}
+        targets = {layer_index(name): layer_index(target) for name, target in declared(self.vllm_config).items()}
+        chained = sorted(layer for layer, target in targets.items() if target in targets or target >= layer)
+        if chained:
+            raise TTUnsupportedFeatureError(
+                f"{model_cls.__qualname__}.get_kv_sharing_targets() layers", chained,
+                "layers reading the KV of an earlier layer that owns its KV",
+                "name a target that is not itself shared and comes before the layer",
+            )
+        return targets
+
     def spec(self, model_cls: type) -> dict[str, KVCacheSpec]:
-        """The spec the worker gives vLLM: the model's own, else full attention everywhere."""
+        """The spec the worker gives vLLM: the model's own (without the layers that read
+        another layer's KV), else full attention everywhere."""
         declared: Callable[[VllmConfig], dict[str, KVCacheSpec]] | None = getattr(model_cls, "get_kv_cache_spec", None)
         if callable(declared):
             spec = dict(declared(self.vllm_config))
-            layers = sorted(layer_index(name) for name in spec)
+            shared = self.sharing(model_cls)
+            layers = sorted([layer_index(name) for name in spec] + list(shared))
             if layers != list(range(self.num_layers)):
                 raise TTUnsupportedFeatureError(
                     f"{model_cls.__qualname__}.get_kv_cache_spec() layers", layers,
-                    f"one entry per decoder layer 0..{self.num_layers - 1}",
-                    "key the spec model.layers.{i}.self_attn for every layer",
+                    f"one entry per decoder layer 0..{self.num_layers - 1}, except the layers "
+                    f"get_kv_sharing_targets() names ({sorted(shared)})",
+                    "key the spec model.layers.{i}.self_attn for every layer that owns its KV",
                 )
             return spec
         hf = self.hf_config
@@ -112,7 +135,7 @@ class RunnerKV:
     def allocate(self, model: Any, model_cls: type, config: KVCacheConfig) -> Any:
         """Allocate through the contract: ``allocate_kv_cache_per_layer`` when the model has it,
         else the legacy ``allocate_kv_cache`` (every layer alike)."""
-        layout = KVLayout.of(config, self.num_layers, self.heads_per_device)
+        layout = KVLayout.of(config, self.num_layers, self.heads_per_device, self.sharing(model_cls))
         self.num_blocks = config.num_blocks
         declared = self.declares_spec(model_cls)
         self.layout = layout if declared else None

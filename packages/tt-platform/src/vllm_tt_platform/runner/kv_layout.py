@@ -8,13 +8,15 @@ each layer uses (``per_layer_specs``, tt-metal's ``allocate_kv_cache_per_layer``
 which group's table each layer reads, and which table entries a sliding-window group may still
 read (``KVGroup.first_live_block``: vLLM frees the blocks a window has left behind and gives them
 to other requests, so the runner zeroes them, i.e. points them at vLLM's null block 0).
+A layer that reads another layer's KV (vLLM's cross-layer KV sharing) is not in vLLM's plan:
+it joins its target's group and storage, as vLLM's GPU runner binds it to its target's tensor.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -100,10 +102,16 @@ class KVLayout:
     layers: tuple[LayerKV, ...]
     """In layer order."""
 
+    shared: Mapping[int, int] = field(default_factory=dict)
+    """Layer -> the layer whose KV (storage and page table) it reads; not in vLLM's plan."""
+
     @classmethod
-    def of(cls, config: KVCacheConfig, num_layers: int, heads_per_device: Callable[[int], int]) -> KVLayout:
+    def of(cls, config: KVCacheConfig, num_layers: int, heads_per_device: Callable[[int], int],
+           shared: Mapping[int, int] | None = None) -> KVLayout:
         """Read vLLM's plan for a model of ``num_layers`` decoder layers; ``heads_per_device``
-        maps a layer's KV head count to one device's share."""
+        maps a layer's KV head count to one device's share; ``shared`` maps each layer that
+        reads another's KV to that layer."""
+        shared = dict(shared or {})
         groups: list[KVGroup] = []
         specs: dict[int, tuple[int, AttentionSpec]] = {}
         for g, group in enumerate(config.kv_cache_groups):
@@ -112,21 +120,27 @@ class KVLayout:
                 layer = layer_index(name)
                 specs[layer] = (g, _layer_spec(group.kv_cache_spec, name))
                 indices.append(layer)
-            groups.append(_group(g, tuple(indices), group.kv_cache_spec))
-        missing = sorted(set(range(num_layers)) - set(specs))
-        extra = sorted(set(specs) - set(range(num_layers)))
-        if missing or extra:
+            indices += [layer for layer, target in shared.items() if target in indices]
+            groups.append(_group(g, tuple(sorted(indices)), group.kv_cache_spec))
+        planned = set(specs) | set(shared)
+        missing = sorted(set(range(num_layers)) - planned)
+        extra = sorted(planned - set(range(num_layers)))
+        orphans = sorted(layer for layer, target in shared.items() if target not in specs or layer in specs)
+        if missing or extra or orphans:
             raise TTUnsupportedFeatureError(
                 "KV cache layers", sorted(specs), f"one KV cache layer per decoder layer 0..{num_layers - 1} "
-                f"(missing {missing}, unknown {extra})", "return one spec per layer from get_kv_cache_spec()",
+                f"(missing {missing}, unknown {extra}; shared layers whose target vLLM did not plan or "
+                f"that vLLM planned themselves: {orphans})",
+                "return one spec per layer that owns its KV from get_kv_cache_spec()",
             )
         storage = _storage_of(config)
         layers = []
         for layer in range(num_layers):
-            g, spec = specs[layer]
+            owner = shared.get(layer, layer)
+            g, spec = specs[owner]
             shape = (config.num_blocks, heads_per_device(spec.num_kv_heads), groups[g].block_size, spec.head_size)
-            layers.append(LayerKV(g, shape, spec.dtype, storage[layer]))
-        return cls(tuple(groups), tuple(layers))
+            layers.append(LayerKV(g, shape, spec.dtype, storage[owner]))
+        return cls(tuple(groups), tuple(layers), shared)
 
     @property
     def uniform(self) -> bool:
@@ -137,7 +151,8 @@ class KVLayout:
         return [(layer.shape, layer.dtype, layer.tensor_idx) for layer in self.layers]
 
     def describe(self) -> str:
-        return "; ".join(group.describe() for group in self.groups)
+        reads = [f"layer {layer} reads layer {target}'s KV" for layer, target in sorted(self.shared.items())]
+        return "; ".join([group.describe() for group in self.groups] + reads)
 
 
 def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec:

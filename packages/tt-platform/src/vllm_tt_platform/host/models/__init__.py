@@ -14,6 +14,7 @@ HOST_MODELS: dict[str, str] = {
     "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
     "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
     "TTGemma3ForCausalLM": "vllm_tt_platform.host.models.gemma3:HostGemma3ForCausalLM",
+    "TTGemma4ForCausalLM": "vllm_tt_platform.host.models.gemma4:HostGemma4ForCausalLM",
     "TTGemma3ForConditionalGeneration": "vllm_tt_platform.host.models.gemma3_vl:HostGemma3ForConditionalGeneration",
     "TTQwen2_5_VLForConditionalGeneration": (
         "vllm_tt_platform.host.models.qwen2_5_vl:HostQwen2_5_VLForConditionalGeneration"

@@ -112,6 +112,19 @@ class DecoderConfig:
         per-layer-type rope override this)."""
         return self.rope
 
+    def kv_heads_of(self, layer: int) -> int:
+        """KV heads of ``layer`` (families whose full and sliding layers differ override this)."""
+        return self.num_kv_heads
+
+    def head_dim_of(self, layer: int) -> int:
+        """Head size of ``layer``."""
+        return self.head_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV ``layer`` attends to: itself, unless it reads an earlier layer's
+        KV and writes none (Gemma 4's KV-shared layers)."""
+        return layer
+
     @classmethod
     def from_hf(cls, hf_config: Any, family: str, *, n_layers: int | None = None) -> DecoderConfig:
         """Read ``hf_config`` (a transformers config or anything with the same attributes)."""

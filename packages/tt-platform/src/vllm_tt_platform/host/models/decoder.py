@@ -92,8 +92,9 @@ class HostDecoder:
             mask = paged_kv.visible(key_pos, query_pos, window, blocks)
             pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
             q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, positions)
-            paged_kv.write(k_cache, pages, offsets, k[:n])
-            paged_kv.write(v_cache, pages, offsets, v[:n])
+            if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
+                paged_kv.write(k_cache, pages, offsets, k[:n])
+                paged_kv.write(v_cache, pages, offsets, v[:n])
             keys = paged_kv.gather(k_cache, pages_used)
             values = paged_kv.gather(v_cache, pages_used)
             out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
@@ -133,8 +134,9 @@ class HostDecoder:
             for lane, rows in enumerate(lanes):
                 k_cache, v_cache = kv[lane][index]
                 write = live[rows]
-                paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
-                paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
+                if self.config.kv_source(index) == index:
+                    paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
+                    paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
                 keys.append(paged_kv.gather(k_cache, pages_used[rows]))
                 values.append(paged_kv.gather(v_cache, pages_used[rows]))
             out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)

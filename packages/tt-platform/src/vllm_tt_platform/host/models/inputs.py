@@ -29,18 +29,20 @@ class PrefillRow:
     bucket: int
 
 
-def check_kv_shape(shape: tuple[int, ...], num_layers: int, cfg: Any) -> tuple[int, int]:
-    """Check ``allocate_kv_cache``'s arguments against the model config ``cfg``; returns
-    ``(num_blocks, block_size)``. The shape may carry one device's share of the KV heads."""
+def check_kv_shape(shape: tuple[int, ...], num_layers: int, cfg: Any, layer: int = 0) -> tuple[int, int]:
+    """Check ``allocate_kv_cache``'s arguments against the model config ``cfg`` (for
+    ``layer``: layers may differ in head size and KV heads); returns ``(num_blocks,
+    block_size)``. The shape may carry one device's share of the KV heads."""
     if len(shape) != 4:
         raise HostModelInputError(f"kv_cache_shape must be (num_blocks, kv_heads, block_size, head_dim), got {shape}")
     num_blocks, heads, block_size, head_dim = (int(v) for v in shape)
     if num_layers != cfg.num_layers:
         raise HostModelInputError(f"num_layers={num_layers}, but the model has {cfg.num_layers} layers")
-    if head_dim != cfg.head_dim or heads < 1 or cfg.num_kv_heads % heads:
+    want_dim, want_heads = cfg.head_dim_of(layer), cfg.kv_heads_of(layer)
+    if head_dim != want_dim or heads < 1 or want_heads % heads:
         raise HostModelInputError(
             f"kv_cache_shape {tuple(shape)} does not fit the model: expected "
-            f"head_dim {cfg.head_dim} and a divisor of its {cfg.num_kv_heads} kv heads"
+            f"head_dim {want_dim} and a divisor of its {want_heads} kv heads"
         )
     if num_blocks < 1 or block_size < 1:
         raise HostModelInputError(f"kv_cache_shape {tuple(shape)} has an empty dimension")
