@@ -76,6 +76,27 @@ class AttentionShape:
         return cls(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
 
 
+
+def common_fields(
+    hf_config: Any, shape: AttentionShape, *, rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False
+) -> dict[str, Any]:
+    """The ``DecoderConfig`` fields every family reads the same way (sizes, the attention shape,
+    norm epsilon, context length, tied embeddings); ``rms_norm_eps`` and ``tie_word_embeddings``
+    are the family's defaults for a config that omits them."""
+    model = model_name(hf_config)
+    return {
+        "vocab_size": positive_int(hf_config, "vocab_size", model),
+        "hidden_size": positive_int(hf_config, "hidden_size", model),
+        "intermediate_size": positive_int(hf_config, "intermediate_size", model),
+        "num_layers": shape.num_layers,
+        "num_heads": shape.num_heads,
+        "num_kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "rms_norm_eps": float(getattr(hf_config, "rms_norm_eps", rms_norm_eps)),
+        "max_position_embeddings": int(getattr(hf_config, "max_position_embeddings", 0) or 0),
+        "tie_word_embeddings": bool(getattr(hf_config, "tie_word_embeddings", tie_word_embeddings)),
+    }
+
 @dataclass(frozen=True)
 class DecoderConfig:
     family: str
@@ -138,21 +159,11 @@ class DecoderConfig:
                 f"{model}: hidden_act", act, "silu", "serve this model with a ttnn mesh"
             )
         shape = AttentionShape.read(hf_config, n_layers=n_layers)
-        hidden = positive_int(hf_config, "hidden_size", model)
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
+            **common_fields(hf_config, shape),
             family=family,
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=hidden,
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=_rope_config(hf_config, model),
-            max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=True if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),

@@ -21,6 +21,7 @@ from vllm_tt_platform.host.models.config import (
     AttentionShape,
     DecoderConfig,
     RopeConfig,
+    common_fields,
     model_name,
     positive_int,
 )
@@ -97,19 +98,11 @@ class DeepseekV3Config(DecoderConfig):
         if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
             raise TTConfigError(f"{model}: first_k_dense_replace", dense, "an int >= 0", "check config.json")
         bias = bool(getattr(hf_config, "attention_bias", False))
+        fields = common_fields(hf_config, shape) | {"num_kv_heads": 1, "head_dim": mla.latent_dim}
         return cls(
+            **fields,
             family="deepseek_v3",
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=positive_int(hf_config, "hidden_size", model),
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=1,
-            head_dim=mla.latent_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=rope,
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=bias,
             o_bias=bias,
             mlp_bias=False,

@@ -33,9 +33,9 @@ from vllm_tt_platform.host.models.config import (
     AttentionShape,
     DecoderConfig,
     RopeConfig,
+    common_fields,
     layer_windows,
     model_name,
-    positive_int,
 )
 from vllm_tt_platform.host.models.decoder import HostDecoder, _rms_norm
 from vllm_tt_platform.host.models.hybrid_kv import HybridKVCausalLM
@@ -79,18 +79,9 @@ class Gemma3Config(DecoderConfig):
         global_rope, local_rope = _ropes(hf_config, model)
         bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
+            **common_fields(hf_config, shape, tie_word_embeddings=True),
             family="gemma3",
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=positive_int(hf_config, "hidden_size", model),
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=global_rope,
-            max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
             qkv_bias=bias,
             o_bias=bias,
             mlp_bias=False,

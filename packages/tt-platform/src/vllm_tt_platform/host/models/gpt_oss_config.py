@@ -17,6 +17,7 @@ from vllm_tt_platform.host.models.config import (
     AttentionShape,
     DecoderConfig,
     RopeConfig,
+    common_fields,
     layer_windows,
     model_name,
     positive_int,
@@ -57,18 +58,9 @@ class GptOssConfig(DecoderConfig):
         rope, yarn = _rope(hf_config, model, max_positions)
         bias = bool(getattr(hf_config, "attention_bias", True))
         return cls(
+            **common_fields(hf_config, shape, rms_norm_eps=1e-5),
             family="gpt_oss",
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=positive_int(hf_config, "hidden_size", model),
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-5)),
             rope=rope,
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=bias,
             o_bias=bias,
             mlp_bias=True,
