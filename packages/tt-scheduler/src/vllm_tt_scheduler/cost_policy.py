@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from vllm_tt_scheduler.cost import StepCostModel
 from vllm_tt_scheduler.options import SchedulerOptions
 from vllm_tt_scheduler.phase import Phase
-from vllm_tt_scheduler.policy import PhasePolicy, WorkView
+from vllm_tt_scheduler.policy import PhasePolicy, WorkView, bounded_phase, next_burst
 
 
 @dataclass
@@ -35,12 +35,8 @@ class CostAwarePolicy:
 
     def plan(self, view: WorkView) -> Phase:
         """The phase to try for the next step."""
-        wants_prefill = view.partials or view.admissible or view.must_scan
-        if not view.decodes:
-            return Phase.PREFILL if wants_prefill else Phase.EMPTY
-        if not wants_prefill or self.burst >= self.prefill_burst:
-            return Phase.DECODE
-        return Phase.PREFILL
+        forced = bounded_phase(view, self.burst, self.prefill_burst)
+        return Phase.PREFILL if forced is None else forced
 
     def prefill_tokens(self, view: WorkView) -> int | None:
         """Token budget of the prefill pass: the partial chunks plus the first admissions that
@@ -67,10 +63,7 @@ class CostAwarePolicy:
 
     def observe(self, phase: Phase, view: WorkView) -> None:
         """Account for the step that was actually scheduled."""
-        if phase is Phase.PREFILL:
-            self.burst = self.burst + 1 if view.decodes else 0
-        elif phase is Phase.DECODE:
-            self.burst = 0
+        self.burst = next_burst(phase, view, self.burst)
 
 
 def policy_for(options: SchedulerOptions) -> PhasePolicy | CostAwarePolicy:

@@ -36,6 +36,25 @@ class WorkView(NamedTuple):
     """KV positions the running decodes read (filled only for the cost-aware policy)."""
 
 
+
+def bounded_phase(view: WorkView, burst: int, prefill_burst: int) -> Phase | None:
+    """What prefill-first with a bounded decode stall forces, None where a policy chooses:
+    nothing runs -> prefill if there is prefill work, else empty; no prefill work, or
+    ``prefill_burst`` prefill steps in a row have stalled the decodes -> decode."""
+    wants_prefill = view.partials or view.admissible or view.must_scan
+    if not view.decodes:
+        return Phase.PREFILL if wants_prefill else Phase.EMPTY
+    if not wants_prefill or burst >= prefill_burst:
+        return Phase.DECODE
+    return None
+
+
+def next_burst(phase: Phase, view: WorkView, burst: int) -> int:
+    """The stall count after a step of ``phase``: prefill steps in a row with decodes running."""
+    if phase is Phase.PREFILL:
+        return burst + 1 if view.decodes else 0
+    return 0 if phase is Phase.DECODE else burst
+
 @dataclass
 class PhasePolicy:
     """Prefill-first with a bounded decode stall, plus an admission hold.
@@ -59,11 +78,9 @@ class PhasePolicy:
 
     def plan(self, view: WorkView) -> Phase:
         """The phase to try for the next step."""
-        wants_prefill = view.partials or view.admissible or view.must_scan
-        if not view.decodes:
-            return Phase.PREFILL if wants_prefill else Phase.EMPTY
-        if not wants_prefill or self.burst >= self.prefill_burst:
-            return Phase.DECODE
+        forced = bounded_phase(view, self.burst, self.prefill_burst)
+        if forced is not None:
+            return forced
         if view.partials or view.must_scan or view.full:
             return Phase.PREFILL
         if self.debt + view.admissible >= view.decodes * view.steps * self.hold_ratio:
@@ -76,9 +93,8 @@ class PhasePolicy:
 
     def observe(self, phase: Phase, view: WorkView) -> None:
         """Account for the step that was actually scheduled."""
+        self.burst = next_burst(phase, view, self.burst)
         if phase is Phase.PREFILL:
             self.debt = 0
-            self.burst = self.burst + 1 if view.decodes else 0
         elif phase is Phase.DECODE:
-            self.burst = 0
             self.debt += view.admissible
