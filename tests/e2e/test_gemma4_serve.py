@@ -1,0 +1,133 @@
+"""Gemma 4 text through vLLM's engine on the host mesh backend: sliding layers and full layers of
+another head size and KV head count, and two KV-shared layers that vLLM's hybrid KV manager
+never sees (they own no blocks; the runner gives them their target's storage and tables).
+Greedy outputs equal transformers' generate() for prompts far longer than the window: a request
+alone, many side by side, prefix-cache hits past the window and under KV pressure that forces
+preemption, all on one engine; then ``vllm serve`` with 24 concurrent OpenAI clients."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+from vllm_tt_testing.checkpoints import trained_checkpoint
+
+from tests.e2e.helpers import hf_greedy, serve
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = 32
+TRAIN_STEPS = 100
+"""The recipe packages/tt-platform/tests/test_host_gemma4.py builds: one build per session."""
+BLOCKS = 40
+"""KV blocks of 32 tokens (4 groups) for 4 rows of up to 256 tokens: one request needs up to
+~15, so four long ones (the preemption round) do not fit at once."""
+
+
+@pytest.fixture(scope="module")
+def gemma4_checkpoint(tmp_path_factory):
+    return trained_checkpoint(tmp_path_factory, "gemma4", TRAIN_STEPS)
+
+
+def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+
+
+def _generate(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(r.outputs[0].token_ids) for r in results]
+
+
+def _counter(llm, name: str) -> int:
+    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
+
+def _assert_same(prompts, got, expected) -> None:
+    mismatches = [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
+    assert not mismatches, f"{len(mismatches)} of {len(prompts)} prompts differ (len, vllm, hf): {mismatches[:3]}"
+
+
+@pytest.fixture(scope="module")
+def rounds(gemma4_checkpoint):
+    """One engine: its KV plan, then (name, prompts, outputs, max_tokens) per round and the
+    preemptions each round caused."""
+    from vllm import LLM
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
+        llm = LLM(
+            model=str(gemma4_checkpoint), block_size=32, seed=0, disable_log_stats=False, max_num_seqs=4,
+            max_model_len=256, num_gpu_blocks_override=BLOCKS, additional_config={"tt": {"mesh_backend": "host"}},
+        )
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        plan = core.scheduler.kv_cache_config
+        runner = core.model_executor.driver_worker.worker.runner
+        results, preempted = {}, {}
+        long_prefix = _prompts(9, [200])[0]
+        for name, prompts, max_tokens in (
+            ("alone", _prompts(0, [230]), 16),
+            ("side by side", _prompts(1, [3, 20, 31, 32, 33, 64, 100, 129, 150, 180, 200, 230]), 16),
+            ("prefix", [long_prefix], 16),
+            ("prefix hits", [long_prefix + tail for tail in _prompts(2, [5, 20, 35])], 16),
+            ("preemption", _prompts(3, [40, 50, 60, 70, 45, 55, 65, 75]), 150),
+        ):
+            before, hits = _counter(llm, "vllm:num_preemptions"), _counter(llm, "vllm:prefix_cache_hits")
+            results[name] = (prompts, _generate(llm, prompts, max_tokens), max_tokens)
+            preempted[name] = _counter(llm, "vllm:num_preemptions") - before
+            preempted[name + " hits"] = _counter(llm, "vllm:prefix_cache_hits") - hits
+        yield plan, runner.kv.layout, results, preempted
+    finally:
+        del llm
+
+
+def test_vllm_plans_only_the_layers_that_own_kv(rounds):
+    plan, layout, _, _ = rounds
+    planned = sorted(name for group in plan.kv_cache_groups for name in group.layer_names)
+    assert planned == [f"model.layers.{i}.self_attn" for i in range(4)], planned
+    kinds = sorted((type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None))
+                   for g in plan.kv_cache_groups)
+    assert kinds == [("FullAttentionSpec", None)] + [("SlidingWindowSpec", WINDOW)] * 3
+    assert dict(layout.shared) == {4: 3, 5: 2}
+    assert layout.layers[4] == layout.layers[3] and layout.layers[5] == layout.layers[2]
+    assert layout.layers[2].shape[1:] == (1, 32, 64) and layout.layers[0].shape[1:] == (2, 32, 32)
+
+
+@pytest.mark.parametrize("name", ["alone", "side by side", "prefix", "prefix hits", "preemption"])
+def test_greedy_matches_transformers(gemma4_checkpoint, rounds, name):
+    _, _, results, preempted = rounds
+    if name == "preemption":
+        assert preempted[name] > 0, "the pool was big enough: nothing was preempted"
+    if name == "prefix hits":
+        assert preempted[name + " hits"] >= 3 * 192, "no prefix-cache hits past the window"
+    prompts, got, max_tokens = results[name]
+    _assert_same(prompts, got, hf_greedy(gemma4_checkpoint, prompts, max_tokens))
+
+
+def test_serve_24_concurrent_clients_match_transformers(gemma4_checkpoint, tmp_path):
+    """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows."""
+    import openai
+
+    prompts = _prompts(4, [5 + 13 * i for i in range(24)])
+    log = tmp_path / "serve.log"
+    args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
+    with serve(gemma4_checkpoint, *args, log=log) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+        def complete(prompt: list[int]) -> list[int]:
+            result = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=16, temperature=0.0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            ).model_dump()
+            return result["choices"][0]["token_ids"]
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            got = list(pool.map(complete, prompts))
+    _assert_same(prompts, got, hf_greedy(gemma4_checkpoint, prompts, 16))
+    assert "layer 4 reads layer 3's KV; layer 5 reads layer 2's KV" in log.read_text()
