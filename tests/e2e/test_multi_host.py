@@ -6,17 +6,22 @@ hosts (a head serving the OpenAI API, a ``--headless`` host running engines only
 2. a lanes model on ``MESH_DEVICE=TG`` with ``--data-parallel-size 8 --data-parallel-size-local 4``:
    one engine process per host of 4 lanes each, 64 concurrent greedy requests equal their
    single-request outputs, both hosts decoded;
-What vLLM 0.33 does when a headless host dies is measured, not promised: docs/multi-host.md.
+3. killing the headless host (SIGKILL of its whole process tree) makes the head exit within 90 s
+   with the platform's host watch naming the lost rank (vLLM 0.33 alone keeps the head answering
+   ``/health``: docs/multi-host.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +93,31 @@ def dense_bundle(tmp_path_factory) -> Path:
     return root
 
 
-def test_dense_ranks_on_two_hosts_equal_hf(tiny_checkpoint, dense_bundle, tmp_path):
+def _exit_seconds(proc: subprocess.Popen, limit: float) -> float:
+    """Seconds until ``proc`` exits (fails after ``limit``)."""
+    start = time.monotonic()
+    proc.wait(timeout=limit)
+    return time.monotonic() - start
+
+
+def test_dense_ranks_on_two_hosts_equal_hf_and_the_head_stops_when_the_other_host_dies(
+        tiny_checkpoint, dense_bundle, tmp_path):
     model = tiny_checkpoint("llama")
     requests = _requests(32, seed=11)
     with two_hosts(model, tmp_path, 2, 1, "--max-num-seqs", "8", "--max-model-len", "256",
                    env={"EXTRA_MODELS_DIR": str(dense_bundle)}) as hosts:
         got = _concurrently(_client(hosts.url), requests)
         served = _finished_per_engine(hosts.url)
+        os.killpg(hosts.headless.pid, signal.SIGKILL)  # the whole host, without a word
+        stopped_after = _exit_seconds(hosts.head, 90)
     expected = [hf_greedy(model, [r["prompt"]], r["max_tokens"])[0] for r in requests]
     assert got == expected
     assert set(served) == {"0", "1"} and all(v > 0 for v in served.values()), served
     assert "DP rank 0 (local 0 of 1): sub-mesh (1,1), devices [0]" in hosts.head_log.read_text()
     assert "DP rank 1 (local 0 of 1): sub-mesh (1,1), devices [0]" in hosts.headless_log.read_text()
+    head_log = hosts.head_log.read_text()
+    assert "Host watch: lost DP rank 1 at 127.0.0.1" in head_log, head_log[-3000:]
+    print(f"head exited {stopped_after:.1f} s after the headless host was killed")
 
 
 def test_lanes_on_every_host(tiny_checkpoint, tmp_path):

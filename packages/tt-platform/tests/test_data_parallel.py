@@ -7,8 +7,9 @@ import json
 import textwrap
 
 import pytest
-from vllm_tt_platform.config.data_parallel import LOCAL_RANKS_KEY
+from vllm_tt_platform.config.data_parallel import LOCAL_RANKS_KEY, peer_watch
 from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.mesh.peer_watch import PeerWatch
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +103,28 @@ def test_dense_ranks_split_the_host_mesh(llama, monkeypatch, dense_bundle):
 def test_dense_ranks_must_divide_the_host_mesh(llama, monkeypatch, dense_bundle):
     with pytest.raises(TTConfigError, match="data_parallel_size"):
         build(llama, monkeypatch, "N300", data_parallel_size=3)
+
+
+def _engine(config, rank: int, local: int):
+    """The config as vLLM's engine core of DP rank ``rank`` (local index ``local``) sees it."""
+    config.parallel_config.data_parallel_index, config.parallel_config.data_parallel_rank_local = rank, local
+    config.parallel_config.reconfigure_for_independent_dp_rank()
+    return config
+
+
+def test_engines_of_several_hosts_join_the_host_watch(llama, monkeypatch, dense_bundle):
+    dp = {"data_parallel_size": 4, "data_parallel_size_local": 2, "data_parallel_address": "10.0.0.1",
+          "data_parallel_rpc_port": 13345}
+    head = build(llama, monkeypatch, "N300", **dp)
+    assert peer_watch(_engine(head, 0, 0)) == PeerWatch("10.0.0.1", 13346, 0, head=True)
+    assert peer_watch(_engine(head, 1, 1)) is None  # vLLM watches the head's own engines
+    other = build(llama, monkeypatch, "N300", headless=True, data_parallel_start_rank=2, **dp)
+    assert peer_watch(_engine(other, 3, 1)) == PeerWatch("10.0.0.1", 13346, 3, head=False)
+    lanes = build(llama, monkeypatch, "TG", headless=True, data_parallel_size=8, data_parallel_size_local=4,
+                  data_parallel_start_rank=4)
+    assert peer_watch(_engine(lanes, 1, 0)).head is False
+
+
+def test_one_host_has_no_host_watch(llama, monkeypatch, dense_bundle):
+    config = build(llama, monkeypatch, "N300", data_parallel_size=2)
+    assert peer_watch(_engine(config, 0, 0)) is None

@@ -17,8 +17,10 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from vllm_tt_platform.config import data_parallel
 from vllm_tt_platform.config.setup import resolve_setup
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
+from vllm_tt_platform.mesh import peer_watch
 from vllm_tt_platform.mesh.backend import make_backend
 from vllm_tt_platform.runner.model_runner import TTModelRunner
 
@@ -42,6 +44,9 @@ class TTWorker(WorkerBase):
         ensure_model_parallel_initialized(1, 1)
         self.mesh_device = self.backend.open(self.setup.topology.mesh)
         self._runner = TTModelRunner(self.vllm_config, self.setup, self.mesh_device)
+        watch = data_parallel.peer_watch(self.vllm_config)
+        if watch is not None:
+            peer_watch.start(watch)
 
     @property
     def runner(self) -> TTModelRunner:

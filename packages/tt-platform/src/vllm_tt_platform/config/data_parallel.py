@@ -20,6 +20,7 @@ from vllm.logger import init_logger
 from vllm_tt_scheduler.lanes.shape import LaneShape
 
 from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.mesh.peer_watch import PeerWatch
 from vllm_tt_platform.mesh.shape import MeshRequest, mesh_request
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ logger = init_logger("vllm." + __name__)
 LOCAL_RANKS_KEY = "_dp_local_ranks"
 """``tt`` key: how many dense DP ranks share this host's mesh (written by ``fold``; the engine
 core no longer knows, vLLM resets its DP sizes to 1 for an independent rank)."""
+MULTI_HOST_KEY = "_dp_multi_host"
+"""``tt`` key: the DP ranks span more than this host (written by ``fold``, read by ``peer_watch``)."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,28 @@ def fold(vllm_config: VllmConfig, single_program_lanes: bool, arch: str) -> None
     parallel = vllm_config.parallel_config
     if LaneShape.recorded(tt) or LOCAL_RANKS_KEY in tt or parallel.data_parallel_size <= 1:
         return
+    multi_host = parallel.data_parallel_size > parallel.data_parallel_size_local
     if single_program_lanes:
         _fold_into_lanes(vllm_config, tt, arch)
     else:
         _record_dense_ranks(vllm_config, tt)
+    if multi_host:
+        tt[MULTI_HOST_KEY] = True
+
+
+def peer_watch(vllm_config: VllmConfig) -> PeerWatch | None:
+    """This engine's side of the host liveness watch (``mesh.peer_watch``), or None: one host,
+    or an engine of the head other than rank 0 (vLLM watches the head's own engines)."""
+    extra = vllm_config.additional_config
+    tt = (extra.get("tt") if isinstance(extra, dict) else None) or {}
+    if tt.get(MULTI_HOST_KEY) is not True:
+        return None
+    parallel = vllm_config.parallel_config
+    rank = parallel.data_parallel_index
+    host_start = rank - (parallel.data_parallel_rank_local or 0)
+    if rank != 0 and host_start == 0:
+        return None
+    return PeerWatch(parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port + 1, rank, head=rank == 0)
 
 
 def host_rank(vllm_config: VllmConfig) -> HostRank | None:
