@@ -164,11 +164,16 @@ async def soak(url: str, pgid: int, minutes: float, concurrency: int, seed: int)
     return {"prefix_cache_hit_pct": 100 * hits / queries if queries else 0.0,"references": len(refs), "references_s": refs_s, "elapsed_s": elapsed, "finished": tally.finished,
             "cancelled": tally.cancelled, "problems": tally.problems, "by_kind": dict(tally.by_kind),
             "statuses": {str(k): v for k, v in statuses.items()}, "drained": asdict(drained),
-            "rss": rss.growth(minutes * 60 * WARMUP_FRACTION),
-            "client_lag_s": {"max": max((lag for _, lag in lags), default=0.0),
-                             "p99": statistics.quantiles([lag for _, lag in lags], n=100, method="inclusive")[-1] if len(lags) > 1 else 0.0,
-                             "over_1s": sum(lag > 1.0 for _, lag in lags),
-                             "over_1s_at": [round(t) for t, lag in lags if lag > 1.0][:50]}}
+            "rss": rss.growth(minutes * 60 * WARMUP_FRACTION), "client_lag_s": lag_figures(lags)}
+
+
+def lag_figures(lags: list[tuple[float, float]]) -> dict:
+    """How late the client's loop woke up: max, p99, how often and when (s into the run) > 1 s."""
+    late = [lag for _, lag in lags]
+    return {"max": max(late, default=0.0),
+            "p99": statistics.quantiles(late, n=100, method="inclusive")[-1] if len(late) > 1 else 0.0,
+            "over_1s": sum(lag > 1.0 for lag in late),
+            "over_1s_at": [round(t) for t, lag in lags if lag > 1.0][:50]}
 
 
 def phase_purity(trace: Path) -> dict:
