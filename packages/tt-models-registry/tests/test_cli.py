@@ -33,7 +33,7 @@ def test_list_shows_every_arch_source_target_and_capabilities() -> None:
     result = run("list")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("TT models for mesh backend 'ttnn': 16 architectures")
+    assert out.startswith("TT models for mesh backend 'ttnn': 17 architectures")
     assert "\nTTQwen3_5ForConditionalGeneration\n  source:       builtin\n" in out
     assert "  target:       models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM\n" in out
     assert (

@@ -52,7 +52,7 @@ def test_register_adds_tt_archs_to_vllm(vllm_registry, plugin_log) -> None:
     assert "LlamaForCausalLM" in supported  # vLLM's own entry is left alone
     assert vllm_registry.models["LlamaForCausalLM"].module_name.startswith("vllm.")
     messages = [r.getMessage() for r in plugin_log]
-    assert messages[0].startswith("TT models for mesh backend 'ttnn': 16 architectures")
+    assert messages[0].startswith("TT models for mesh backend 'ttnn': 17 architectures")
     assert any(m.strip().startswith("builtin: TTLlamaForCausalLM") for m in messages)
 
 

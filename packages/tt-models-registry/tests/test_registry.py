@@ -31,6 +31,7 @@ SEED_ARCHS = {
     "TTQwen2ForCausalLM",
     "TTQwen3ForCausalLM",
     "TTQwen3_5ForConditionalGeneration",
+    "TTQwen3_5ForCausalLM",
     "TTQwen2_5_VLForConditionalGeneration",
     "TTQwen3VLForConditionalGeneration",
     "TTMistralForCausalLM",

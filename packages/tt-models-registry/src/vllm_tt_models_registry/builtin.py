@@ -83,7 +83,7 @@ BUILTIN_FAMILIES: tuple[BuiltinFamily, ...] = (
     ),
     BuiltinFamily(
         "Qwen 3.5 / 3.6",
-        ("Qwen3_5ForConditionalGeneration",),
+        ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
         _one("models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM",
              kv_cache_kinds=("full_attention", "recurrent_state")),
     ),

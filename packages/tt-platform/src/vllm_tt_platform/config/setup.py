@@ -145,6 +145,10 @@ def configure(vllm_config: VllmConfig) -> None:
     if cache.enable_prefix_caching and not caps.supports_prefix_caching:
         logger.info("Prefix caching off: %s does not declare supports_prefix_caching.", setup.model.arch)
         cache.enable_prefix_caching = False
+    if not cache.enable_prefix_caching and cache.mamba_cache_mode != "none":
+        # vLLM chose its recurrent-state caching mode for prefix caching before it was turned off.
+        cache.mamba_cache_mode = "none"
+        cache.mamba_block_size = vllm_config.model_config.max_model_len
     if not cache.user_specified_block_size and cache.block_size != DEFAULT_BLOCK_SIZE:
         cache.block_size = DEFAULT_BLOCK_SIZE
 

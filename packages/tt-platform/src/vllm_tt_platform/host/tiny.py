@@ -33,6 +33,7 @@ ARCHITECTURES: dict[str, str] = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
 }
 """``--arch`` value -> the HF architecture written to ``config.json``."""
 
@@ -198,6 +199,23 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 1024,
         },
     },
+    # Qwen 3.5 text shape: three gated delta-net layers then a full-attention one (the 3.5
+    # interval), fewer delta key heads than value heads, a 4-tap convolution, rope on a quarter
+    # of each head with the 3.5 checkpoints' interleaved mRoPE split.
+    "qwen3_5": {
+        "num_hidden_layers": 4,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+        },
+    },
 }
 
 CORRECTION_BIAS_STD = 0.3
@@ -279,6 +297,7 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
         "gemma4": "gemma4_text", "gpt_oss": "gpt_oss", "deepseek_v3": "deepseek_v3",
+        "qwen3_5": "qwen3_5_text",
     }[arch]
     config = AutoConfig.for_model(
         model_type,

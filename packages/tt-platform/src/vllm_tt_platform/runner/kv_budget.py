@@ -2,7 +2,8 @@
 
 vLLM's hybrid KV cache manager draws every group's blocks from one pool, so a request holds
 blocks in each group at once: in a full-attention group its whole sequence, in a sliding-window
-group at most the window plus the tokens in flight (vLLM's per-request admission cap). Each full
+group at most the window plus the tokens in flight (vLLM's per-request admission cap), in a
+recurrent-state group (``MambaSpec``) one block whatever its length. Each full
 or latent-attention (MLA) group gets the model's token pool (``get_max_tokens_all_users``,
 tt-metal's sizing) plus one block of headroom per row; each sliding group gets room for every
 row at its cap. tt-metal adds
@@ -21,6 +22,7 @@ from vllm.config import VllmConfig
 from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
@@ -32,8 +34,8 @@ from vllm_tt_platform import compat
 @dataclass(frozen=True)
 class GroupBudget:
     kind: str
-    """``full``, ``sliding`` or ``mla`` (latent attention: sized like full attention, one
-    latent per token instead of K and V)."""
+    """``full``, ``sliding``, ``mla`` (latent attention: sized like full attention, one
+    latent per token instead of K and V) or ``recurrent`` (one state block per request)."""
     num_layers: int
     sliding_window: int | None
     blocks: int
@@ -79,6 +81,10 @@ class KVBudget:
                 cap = group_spec.max_admission_blocks_per_request(in_flight, max_model_len)
                 groups.append(GroupBudget("sliding", len(group.layer_names), group_spec.sliding_window,
                                           rows * cap, cap))
+            elif isinstance(group_spec, MambaSpec):
+                per_request = 1 + group_spec.num_speculative_blocks
+                groups.append(GroupBudget("recurrent", len(group.layer_names), None, rows * per_request,
+                                          per_request))
             else:
                 kind = "mla" if isinstance(group_spec, MLAAttentionSpec) else "full"
                 groups.append(GroupBudget(kind, len(group.layer_names), None,

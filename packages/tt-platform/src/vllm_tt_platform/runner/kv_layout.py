@@ -25,6 +25,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
@@ -35,8 +36,16 @@ from vllm_tt_platform.errors import TTUnsupportedFeatureError
 KVShape = tuple[int, int, int, int]
 """``(num_blocks, num_kv_heads_per_device, block_size, head_dim)`` of one layer's K (and V)."""
 
-LayerKVSpec = tuple[KVShape, torch.dtype, int]
-"""``(shape, dtype, tensor_idx)``: one entry of ``allocate_kv_cache_per_layer``'s argument."""
+StateShapes = tuple[tuple[int, ...], ...]
+"""A recurrent-state layer's tensors (vLLM's ``MambaSpec.shapes``), each with the block count
+first: ``((num_blocks, *conv_shape), (num_blocks, *state_shape))`` for a gated delta-net."""
+
+KVDtype = torch.dtype | tuple[torch.dtype, ...]
+"""A layer's dtype, or a recurrent-state layer's dtype per state."""
+
+LayerKVSpec = tuple[KVShape | StateShapes, KVDtype, int]
+"""``(shape, dtype, tensor_idx)``: one entry of ``allocate_kv_cache_per_layer``'s argument; a
+recurrent-state layer has its state shapes and dtypes."""
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
@@ -67,9 +76,14 @@ class KVGroup:
     latent: bool = False
     """Multi-head latent attention (``MLAAttentionSpec``): one latent per token, one "head",
     no separate V; paged like full attention."""
+    recurrent: bool = False
+    """A fixed-size per-request state (``MambaSpec``, e.g. Qwen 3.5's gated delta-net): one
+    block per request (entry 0 of its table row), whatever its length."""
 
     @property
-    def kind(self) -> Literal["full", "sliding", "mla"]:
+    def kind(self) -> Literal["full", "sliding", "mla", "recurrent"]:
+        if self.recurrent:
+            return "recurrent"
         if self.latent:
             return "mla"
         return "full" if self.sliding_window is None else "sliding"
@@ -90,8 +104,8 @@ class KVGroup:
 @dataclass(frozen=True)
 class LayerKV:
     group: int
-    shape: KVShape
-    dtype: torch.dtype
+    shape: KVShape | StateShapes
+    dtype: KVDtype
     tensor_idx: int
     """Layers with the same index share storage (vLLM overlays them in one pool)."""
 
@@ -113,7 +127,7 @@ class KVLayout:
         reads another's KV to that layer."""
         shared = dict(shared or {})
         groups: list[KVGroup] = []
-        specs: dict[int, tuple[int, AttentionSpec]] = {}
+        specs: dict[int, tuple[int, AttentionSpec | MambaSpec]] = {}
         for g, group in enumerate(config.kv_cache_groups):
             indices = []
             for name in group.layer_names:
@@ -138,8 +152,8 @@ class KVLayout:
         for layer in range(num_layers):
             owner = shared.get(layer, layer)
             g, spec = specs[owner]
-            shape = (config.num_blocks, heads_per_device(spec.num_kv_heads), groups[g].block_size, spec.head_size)
-            layers.append(LayerKV(g, shape, spec.dtype, storage[owner]))
+            shape, dtype = _layer_shape(config.num_blocks, spec, groups[g].block_size, heads_per_device)
+            layers.append(LayerKV(g, shape, dtype, storage[owner]))
         return cls(tuple(groups), tuple(layers), shared)
 
     @property
@@ -155,16 +169,25 @@ class KVLayout:
         return "; ".join([group.describe() for group in self.groups] + reads)
 
 
-def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec:
+def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec | MambaSpec:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         spec = spec.kv_cache_specs[name]
-    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)):
+    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, MambaSpec)):
         raise TTUnsupportedFeatureError(
             f"KV cache spec of {name}", type(spec).__name__,
-            "FullAttentionSpec, SlidingWindowSpec or MLAAttentionSpec",
-            "declare full, sliding-window or latent attention in get_kv_cache_spec()",
+            "FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec or MambaSpec",
+            "declare full, sliding-window or latent attention or a recurrent state in get_kv_cache_spec()",
         )
     return spec
+
+
+def _layer_shape(num_blocks: int, spec: AttentionSpec | MambaSpec, block_size: int,
+                 heads_per_device: Callable[[int], int]) -> tuple[KVShape | StateShapes, KVDtype]:
+    """What ``allocate_kv_cache_per_layer`` gets for one layer: its K/V shape and dtype, or a
+    recurrent layer's state shapes and dtypes (the state is not split over devices here)."""
+    if isinstance(spec, MambaSpec):
+        return tuple((num_blocks, *shape) for shape in spec.shapes), tuple(spec.dtypes)
+    return (num_blocks, heads_per_device(spec.num_kv_heads), block_size, spec.head_size), spec.dtype
 
 
 def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
@@ -175,6 +198,8 @@ def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
                        spec.sliding_window - 1 + spec.extra_retained_tokens)
     if isinstance(spec, MLAAttentionSpec):
         return KVGroup(index, layers, spec.block_size, None, latent=True)
+    if isinstance(spec, MambaSpec):
+        return KVGroup(index, layers, spec.block_size, None, recurrent=True)
     # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every
     # block: to the runner it is a full group.
     return KVGroup(index, layers, spec.block_size, None)

@@ -21,6 +21,7 @@ HOST_MODELS: dict[str, str] = {
     ),
     "TTGptOssForCausalLM": "vllm_tt_platform.host.models.gpt_oss:HostGptOssForCausalLM",
     "TTDeepseekV3ForCausalLM": "vllm_tt_platform.host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
+    "TTQwen3_5ForCausalLM": "vllm_tt_platform.host.models.qwen3_5:HostQwen3_5ForCausalLM",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 

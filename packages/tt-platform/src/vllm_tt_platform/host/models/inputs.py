@@ -164,7 +164,7 @@ def _ints(values: Any) -> list[int]:
 
 
 def _check_pages(pages: torch.Tensor, where: str, lane_kv: LaneKV) -> None:
-    num_blocks = lane_kv[0][0].shape[0]
+    num_blocks = paged_kv.num_blocks(lane_kv)
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_blocks):
         raise HostModelInputError(
             f"page_table ({where}) points outside the {num_blocks} KV blocks: {pages.tolist()}"

@@ -7,6 +7,8 @@ block ids index the lane's own cache, so two lanes may use the same ids without 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 LaneKV = list[list[torch.Tensor]]
@@ -18,8 +20,21 @@ def allocate(lanes: int, num_layers: int, shape: tuple[int, int, int, int]) -> l
     return [[[torch.zeros(shape), torch.zeros(shape)] for _ in range(num_layers)] for _ in range(lanes)]
 
 
-def block_size(lane_kv: LaneKV) -> int:
-    return lane_kv[0][0].shape[2]
+def block_size(lane_kv: Sequence[object]) -> int:
+    return _first_paged(lane_kv)[0].shape[2]
+
+
+def num_blocks(lane_kv: Sequence[object]) -> int:
+    return _first_paged(lane_kv)[0].shape[0]
+
+
+def _first_paged(lane_kv: Sequence[object]) -> list[torch.Tensor]:
+    """The first layer's ``[K, V]`` that is a paged cache: a recurrent-state layer (Qwen 3.5's
+    delta-net, ``gated_delta.RecurrentState``) holds no blocks of tokens."""
+    for layer in lane_kv:
+        if isinstance(layer, list):
+            return layer
+    raise ValueError("the KV cache has no paged attention layer")
 
 
 def locate(page_rows: torch.Tensor, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,70 @@
+"""Qwen 3.5 text end to end: the engine on the host backend generates what transformers'
+generate() does on the tiny Qwen 3.5 (three gated delta-net layers, then a gated full-attention
+one). The worker hands vLLM one ``MambaSpec`` per delta-net layer and a ``FullAttentionSpec``
+for the attention layer; vLLM's hybrid KV manager gives each request one state block per
+delta-net group, which the runner passes to the model at entry 0 of that group's page table.
+One engine through ``vllm.LLM``: prompts prefilled in several chunks (the state continues
+across them), several requests at once, a block pool small enough that vLLM preempts requests
+(their state is dropped and recomputed on resume). Prefix caching is off for this model: vLLM
+caches recurrent state only in its ``align`` mode, which the TT runner does not implement."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from vllm_tt_testing.checkpoints import trained_checkpoint
+
+from tests.e2e.helpers import hf_greedy
+
+pytestmark = pytest.mark.e2e
+
+ROWS = 4
+TRAIN_STEPS = 100
+"""The recipe packages/tt-platform/tests/test_host_qwen3_5.py builds (one build a session)."""
+CHUNK = 64
+"""``max_num_batched_tokens``: prompts longer than this are prefilled in several chunks."""
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory) -> Path:
+    return trained_checkpoint(tmp_path_factory, "qwen3_5", TRAIN_STEPS)
+
+
+def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(qwen3_5_dir):
+    """Seven prompts (2-190 tokens, up to four chunks) at once on 4 rows, 16 blocks of 32 tokens
+    in the attention group for requests that each grow past 100 tokens: vLLM preempts and later
+    recomputes requests, and every output is still transformers'."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    rng = random.Random(35)
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (40, 190, 65, 130, 90, 2, 150)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
+        llm = LLM(
+            model=str(qwen3_5_dir), max_num_seqs=ROWS, max_model_len=256, seed=0, block_size=32,
+            num_gpu_blocks_override=24, max_num_batched_tokens=CHUNK, disable_log_stats=False,
+            additional_config={"tt": {"mesh_backend": "host"}},
+        )
+    try:
+        engine = llm.llm_engine
+        assert not engine.vllm_config.cache_config.enable_prefix_caching  # off, with one info line
+        assert engine.vllm_config.cache_config.mamba_cache_mode == "none"
+        groups = engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+        kinds = sorted(type(g.kv_cache_spec).__name__ for g in groups)
+        assert kinds == [FullAttentionSpec.__name__] + [MambaSpec.__name__] * 3
+        params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        alone = llm.generate([TokensPrompt(prompt_token_ids=prompts[1])], params, use_tqdm=False)
+    finally:
+        del llm
+    assert preemptions > 0
+    got = [list(r.outputs[0].token_ids) for r in results]
+    expected = hf_greedy(qwen3_5_dir, prompts, 60)
+    bad = [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
+    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+    assert list(alone[0].outputs[0].token_ids) == expected[1]
