@@ -269,3 +269,19 @@ def test_registered_for_the_host_backend():
     caps = HostQwen3_5ForCausalLM.model_capabilities
     assert caps["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
     assert not caps["supports_prefix_caching"] and not caps["supports_verify_decode"]
+
+
+def test_an_explicit_prefix_caching_request_is_refused():
+    """vLLM caches recurrent state only in its align mode, which the runner does not implement:
+    ``--enable-prefix-caching`` on the command line is a startup error (vLLM's default is
+    switched off with one info line, as the end-to-end test checks)."""
+    from vllm_tt_models_registry.capabilities import ModelCapabilities
+    from vllm_tt_platform.config.options import TTConfig
+    from vllm_tt_platform.config.startup_checks import check_capabilities
+
+    caps = ModelCapabilities.of(HostQwen3_5ForCausalLM)
+    with pytest.raises(TTUnsupportedFeatureError, match="--enable-prefix-caching"):
+        check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+                           prefix_caching_requested=True)
+    check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+                       prefix_caching_requested=False)
