@@ -19,9 +19,15 @@ requests. Reported per case:
 Cases: ``dense`` (a model without ``single_program_lanes``: one DP rank per host on a (1,1)
 mesh) and ``lanes`` (``MESH_DEVICE=TG``, 4 in-process lanes per host; two hosts are
 ``--data-parallel-size 8 --data-parallel-size-local 4``). Target: two hosts >= 1.8x one host.
+Each case offers 8 full decode batches per host on one host, 4 per engine on two, so every
+engine keeps requests waiting: when the requests only just fill each engine's rows, the ones
+reaching a rank late (client threads and the API server on shared cores spread them over up to
+a second or two) leave its decode batch part-empty, and with a fixed cost per program the run
+measures that admission spread, not the devices. The "decode fill" column (rows holding a
+request over rows offered, summed over the busiest engine's decode steps) shows it.
 
     python benchmarks/multi_host_bench.py                # both cases
-    python benchmarks/multi_host_bench.py --case dense   # one
+    python benchmarks/multi_host_bench.py --case dense   # one (the other case's last results are kept)
     python benchmarks/multi_host_bench.py --quick        # the dense case, 32 requests
 """
 
@@ -72,19 +78,26 @@ class Case:
 
 
 CASES = {
-    "dense": Case("dense", "N150", ranks_per_host=1, rows=16, concurrent=64, dense=True),
-    "lanes": Case("lanes", "TG", ranks_per_host=4, rows=8, concurrent=128),
+    "dense": Case("dense", "N150", ranks_per_host=1, rows=16, concurrent=128, dense=True),
+    "lanes": Case("lanes", "TG", ranks_per_host=4, rows=8, concurrent=256),
 }
 
 
-def _device_seconds(url: str) -> dict[str, float]:
-    """Modelled device seconds per engine index, from the head's /metrics."""
-    per_engine: dict[str, float] = {}
+SERIES = {"vllm_tt:device_time_per_step_seconds_sum": "device_s", "vllm_tt:decode_rows_used_total": "rows_used",
+          "vllm_tt:decode_rows_total": "rows", "vllm_tt:steps_total": "steps"}
+"""The TT series the benchmark reads, per engine (summed over their other labels)."""
+
+
+def _engine_totals(url: str) -> dict[str, dict[str, float]]:
+    """Per engine index, from the head's /metrics: modelled device seconds, decode rows used and
+    offered (their ratio is the decode batch's fill), and steps."""
+    per_engine: dict[str, dict[str, float]] = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm_tt:device_time_per_step_seconds_sum{"):
-            engine = re.search(r'engine="(\d+)"', line)
-            if engine:
-                per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+        name = line.split("{", 1)[0]
+        engine = re.search(r'engine="(\d+)"', line)
+        if name in SERIES and engine:
+            totals = per_engine.setdefault(engine.group(1), dict.fromkeys(SERIES.values(), 0.0))
+            totals[SERIES[name]] += float(line.rsplit(" ", 1)[1])
     return per_engine
 
 
@@ -105,16 +118,20 @@ def _measure(url: str, case: Case) -> dict[str, Any]:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=case.concurrent) as pool:
         list(pool.map(lambda i: ask(i, 4), range(case.concurrent)))  # warm-up: every engine and lane
-        before = _device_seconds(url)
+        before = _engine_totals(url)
         start = time.perf_counter()
         tokens = sum(pool.map(lambda i: ask(i, case.output_tokens), range(case.concurrent)))
         seconds = time.perf_counter() - start
-    after = _device_seconds(url)
-    device = {e: after[e] - before.get(e, 0.0) for e in after}
+    after = _engine_totals(url)
+    run = {e: {k: v - before.get(e, {}).get(k, 0.0) for k, v in totals.items()} for e, totals in after.items()}
+    device = {e: totals["device_s"] for e, totals in run.items()}
     busiest = max(device.values())
     return {"tokens": tokens, "wall_s": seconds, "wall_tokens_per_s": tokens / seconds,
             "device_s_per_engine": device, "device_tokens_per_s": tokens / busiest,
-            "engines_reporting": len(device)}
+            "engines_reporting": len(device),
+            "steps_per_engine": {e: totals["steps"] for e, totals in run.items()},
+            "decode_fill_per_engine": {e: totals["rows_used"] / totals["rows"] if totals["rows"] else 0.0
+                                       for e, totals in run.items()}}
 
 
 def run_case(case: Case, root: Path) -> dict[str, Any]:
@@ -148,16 +165,22 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['cpus']} CPU cores shared by every process of both \"hosts\". Command: "
         "`python benchmarks/multi_host_bench.py`.", "",
         "| case | mesh per host | ranks/lanes per host x rows | requests | hosts | engines reporting | tokens | device s (busiest engine) "
-        "| device tokens/s | wall s | wall tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| steps (same engine) | decode fill | device tokens/s | wall s | wall tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in result["runs"]:
         case = run["case"]
         for hosts, key in ((1, "one_host"), (2, "two_hosts")):
             r = run[key]
+            busiest = max(r["device_s_per_engine"], key=r["device_s_per_engine"].get)
+            steps = r.get("steps_per_engine", {}).get(busiest)
+            fill = r.get("decode_fill_per_engine", {}).get(busiest)
+            steps_text = "-" if steps is None else f"{steps:.0f}"
+            fill_text = "-" if fill is None else f"{fill:.0%}"
             lines.append(
                 f"| {case['name']} | {case['mesh']} | {case['ranks_per_host']} x {case['rows']} | {case['concurrent']} "
                 f"| {hosts} | {r.get('engines_reporting', len(r['device_s_per_engine']))} of {hosts} | {r['tokens']} | {max(r['device_s_per_engine'].values()):.2f} "
+                f"| {steps_text} | {fill_text} "
                 f"| {r['device_tokens_per_s']:.0f} | {r['wall_s']:.1f} | {r['wall_tokens_per_s']:.0f} |")
     lines += ["", "| case | two hosts / one host, device tokens/s (target >= 1.8x) | same, wall tokens/s |",
               "|---|---|---|"]
@@ -180,8 +203,11 @@ def main(argv: list[str] | None = None, *, run: Callable[[Case, Path], dict[str,
     with tempfile.TemporaryDirectory() as tmp:
         work = options.work_dir or Path(tmp)
         runs = [run(case, work / case.name) for case in cases]
+    json_path = options.out / "multi_host_bench.json"
+    if options.case != "all" and not options.quick and json_path.exists():  # keep the cases not run this time
+        runs += [r for r in json.loads(json_path.read_text())["runs"] if r["case"]["name"] not in names]
     result = {"device_time": DEVICE_TIME, "cpus": os.cpu_count(), "python": platform.python_version(), "runs": runs}
-    write_results(result, options.out / "multi_host_bench.json", options.out / "multi_host_bench.md", markdown(result))
+    write_results(result, json_path, options.out / "multi_host_bench.md", markdown(result))
     return result
 
 
