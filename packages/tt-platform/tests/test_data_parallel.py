@@ -113,13 +113,13 @@ def _engine(config, rank: int, local: int):
 
 
 def test_engines_of_several_hosts_join_the_host_watch(llama, monkeypatch, dense_bundle):
-    dp = {"data_parallel_size": 4, "data_parallel_size_local": 2, "data_parallel_address": "10.0.0.1",
+    dp = {"data_parallel_size": 4, "data_parallel_size_local": 2, "data_parallel_address": "127.0.0.1",
           "data_parallel_rpc_port": 13345}
     head = build(llama, monkeypatch, "N300", **dp)
-    assert peer_watch(_engine(head, 0, 0)) == PeerWatch("10.0.0.1", 13346, 0, head=True)
+    assert peer_watch(_engine(head, 0, 0)) == PeerWatch("127.0.0.1", 13346, 0, head=True)
     assert peer_watch(_engine(head, 1, 1)) is None  # vLLM watches the head's own engines
     other = build(llama, monkeypatch, "N300", headless=True, data_parallel_start_rank=2, **dp)
-    assert peer_watch(_engine(other, 3, 1)) == PeerWatch("10.0.0.1", 13346, 3, head=False)
+    assert peer_watch(_engine(other, 3, 1)) == PeerWatch("127.0.0.1", 13346, 3, head=False)
     lanes = build(llama, monkeypatch, "TG", headless=True, data_parallel_size=8, data_parallel_size_local=4,
                   data_parallel_start_rank=4)
     assert peer_watch(_engine(lanes, 1, 0)).head is False
