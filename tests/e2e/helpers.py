@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -173,3 +174,15 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int
             )
             outputs.append(result[0, len(ids):].tolist())
     return outputs
+
+
+def repetitive_prompts(vocab: int) -> list[list[int]]:
+    """Prompts that repeat a phrase (the n-gram drafter finds its continuation) and two random
+    ones (drafts mostly miss): the speculative decoding tests' workload."""
+    rng = random.Random(19)
+    out = []
+    for length, repeats in ((6, 5), (9, 4), (4, 8), (12, 3), (5, 6), (7, 5)):
+        phrase = [rng.randrange(3, vocab) for _ in range(length)]
+        out.append(phrase * repeats)
+    out += [[rng.randrange(3, vocab) for _ in range(n)] for n in (40, 90)]
+    return out

@@ -8,29 +8,15 @@ tokens exact.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from tests.e2e.helpers import hf_greedy
+from tests.e2e.helpers import hf_greedy, repetitive_prompts
 
 pytestmark = pytest.mark.e2e
 
 K = 3
 MAX_NEW_TOKENS = 24
 MAX_NUM_SEQS = 4
-
-
-def repetitive_prompts(vocab: int) -> list[list[int]]:
-    """Prompts that repeat a phrase (the n-gram drafter finds its continuation) and two random
-    ones (drafts mostly miss)."""
-    rng = random.Random(19)
-    out = []
-    for length, repeats in ((6, 5), (9, 4), (4, 8), (12, 3), (5, 6), (7, 5)):
-        phrase = [rng.randrange(3, vocab) for _ in range(length)]
-        out.append(phrase * repeats)
-    out += [[rng.randrange(3, vocab) for _ in range(n)] for n in (40, 90)]
-    return out
 
 
 @pytest.fixture(scope="module")
