@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 from vllm_tt_platform.config.data_parallel import LOCAL_RANKS_KEY, peer_watch
-from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.peer_watch import PeerWatch
 
 
@@ -128,3 +128,13 @@ def test_engines_of_several_hosts_join_the_host_watch(llama, monkeypatch, dense_
 def test_one_host_has_no_host_watch(llama, monkeypatch, dense_bundle):
     config = build(llama, monkeypatch, "N300", data_parallel_size=2)
     assert peer_watch(_engine(config, 0, 0)) is None
+
+
+def test_mixture_of_experts_ranks_across_hosts_are_refused(tiny_checkpoint, monkeypatch):
+    """vLLM would step an MoE model's DP engines in lockstep with dummy batches: one host's lanes
+    are one engine (served), two hosts' engines are refused before any device work."""
+    gpt_oss = tiny_checkpoint("gpt_oss")
+    one_host = build(gpt_oss, monkeypatch, "TG", data_parallel_size=4)
+    assert one_host.parallel_config.data_parallel_size == 1
+    with pytest.raises(TTUnsupportedFeatureError, match="mixture-of-experts.*DPEngineCoreProc"):
+        build(gpt_oss, monkeypatch, "TG", data_parallel_size=8, data_parallel_size_local=4)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from vllm.logger import init_logger
 from vllm_tt_scheduler.lanes.shape import LaneShape
 
-from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.peer_watch import PeerWatch
 from vllm_tt_platform.mesh.shape import MeshRequest, mesh_request
 
@@ -59,10 +59,19 @@ def fold(vllm_config: VllmConfig, single_program_lanes: bool, arch: str) -> None
     if LaneShape.recorded(tt) or LOCAL_RANKS_KEY in tt or parallel.data_parallel_size <= 1:
         return
     multi_host = parallel.data_parallel_size > parallel.data_parallel_size_local
+    requested = parallel.data_parallel_size
     if single_program_lanes:
         _fold_into_lanes(vllm_config, tt, arch)
     else:
         _record_dense_ranks(vllm_config, tt)
+    if parallel.data_parallel_size > 1 and vllm_config.model_config.is_moe:
+        raise TTUnsupportedFeatureError(
+            "--data-parallel-size", requested,
+            f"the ranks of one host only for the mixture-of-experts model {arch} (one engine, in lanes)",
+            "vLLM steps MoE data-parallel engines in lockstep waves with dummy batches (DPEngineCoreProc), "
+            "which a TT engine does not run; serve it on one host (--data-parallel-size-local equal to "
+            "--data-parallel-size, a single_program_lanes model) or one server per host behind a router",
+        )
     if multi_host:
         tt[MULTI_HOST_KEY] = True
 
