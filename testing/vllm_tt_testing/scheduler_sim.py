@@ -31,7 +31,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm_tt_scheduler.phase import MixedStepError, Phase, step_phase
+from vllm_tt_scheduler.phase import MixedStepError, Phase, leaves_prefill_pending, step_phase
 
 VOCAB = 250
 
@@ -237,7 +237,7 @@ class FakeRunner:
                     f"{req_id}: chunk [{start}, {start}+{num}) beyond {len(row.tokens)} known tokens"
                 )
             row.kv_len = start + num
-            if row.kv_len == len(row.tokens):
+            if not leaves_prefill_pending(row.kv_len, len(row.tokens)):
                 token = next_token(row.tokens)
                 row.tokens.append(token)
                 sampled.append([token])

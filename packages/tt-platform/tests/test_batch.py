@@ -98,6 +98,24 @@ def test_mixed_step_is_refused():
         StepPlan.build(out, batch)
 
 
+def test_last_prompt_token_alone_is_still_prefill():
+    """A chunk that left one prompt token: the next step carries it beside new prompts (the
+    scheduler's prefill pass), though its counts look like a decode's."""
+    batch = PersistentBatch(lanes=1, rows_per_lane=2)
+    out = step([new("a", [1, 2, 3], [1])], scheduled={"a": 2})
+    batch.update(out)
+    assert not StepPlan.build(out, batch).rows[0].produces_token
+    out = step([new("b", [4, 5], [2])], cached(["a"], [2]), scheduled={"a": 1, "b": 2})
+    batch.update(out)
+    plan = StepPlan.build(out, batch)
+    assert plan.phase is Phase.PREFILL and all(row.produces_token for row in plan.rows)
+    batch.requests["a"].output_token_ids.append(9)
+    batch.requests["b"].output_token_ids.append(8)
+    out = step(cached=cached(["a", "b"], [3, 2]), scheduled={"a": 1, "b": 1})
+    batch.update(out)
+    assert StepPlan.build(out, batch).phase is Phase.DECODE
+
+
 def test_seeded_requests_get_their_own_generator():
     batch = PersistentBatch(lanes=1, rows_per_lane=1)
     req = new("a", [1], [1])

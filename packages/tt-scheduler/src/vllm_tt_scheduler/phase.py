@@ -53,13 +53,24 @@ class _StepOutput(Protocol):
     def total_num_scheduled_tokens(self) -> int: ...
 
 
+def leaves_prefill_pending(chunk_end: int, num_tokens: int) -> bool:
+    """Whether a chunk ending at ``chunk_end`` leaves its request mid-prefill: it stopped short
+    of the request's last known token, so nothing is sampled (vLLM's ``is_prefill_chunk``).
+
+    The next chunk is a prefill row even when it is a single token: the scheduler put it
+    beside other prefills, so counting tokens (``computed == num_tokens - 1`` looks like a
+    decode) must not decide the phase; this record does.
+    """
+    return chunk_end < num_tokens
+
+
 def step_phase(scheduler_output: _StepOutput, mid_prefill: Container[str]) -> Phase:
     """Classify a scheduler output the way the runner sees it.
 
     A row is prefill when its request is new, resumed (replaying after preemption),
     or was left mid-prefill by an earlier chunk; every other cached row is a decode.
     ``mid_prefill`` is the runner's own record: the ids whose last scheduled chunk
-    ended before the request's last known token. Raises ``MixedStepError`` when
+    ``leaves_prefill_pending``. Raises ``MixedStepError`` when
     both kinds appear.
     """
     if scheduler_output.total_num_scheduled_tokens == 0:

@@ -33,6 +33,9 @@ class RequestState:
     mm_features: list[Any] = field(default_factory=list)
     """vLLM's ``MultiModalFeatureSpec`` of each multimodal item, in prompt order (kept across
     preemption: a resumed request is prefilled again from its whole history)."""
+    mid_prefill: bool = False
+    """The last scheduled chunk stopped short of the last known token (``StepPlan.build``
+    records it; vLLM's ``is_prefill_chunk``): the next chunk is a prefill row."""
     rope_delta: int = 0
     """mRoPE models: the position delta the request's last prefill returned (decode position =
     ``num_computed_tokens + rope_delta``)."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
-from vllm_tt_scheduler.phase import Phase, step_phase
+from vllm_tt_scheduler.phase import Phase, leaves_prefill_pending, step_phase
 
 from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
 from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
@@ -32,7 +32,7 @@ class ScheduledRow:
     @property
     def produces_token(self) -> bool:
         """False for an intermediate chunk of a chunked prefill."""
-        return self.end >= self.state.num_tokens
+        return not leaves_prefill_pending(self.end, self.state.num_tokens)
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,14 @@ class StepPlan:
 
     @classmethod
     def build(cls, out: SchedulerOutput, batch: PersistentBatch) -> StepPlan:
-        """Rows of ``out`` (after ``batch`` applied it); raises ``MixedStepError``."""
-        mid_prefill = {s.req_id for s in batch if s.num_computed_tokens < s.num_tokens - 1}
-        phase = step_phase(out, mid_prefill)
+        """Rows of ``out`` (after ``batch`` applied it); raises ``MixedStepError``.
+
+        Classifies with each row's record from its previous chunk, then records this chunk's
+        (``RequestState.mid_prefill``) for the next step."""
+        phase = step_phase(out, {s.req_id for s in batch if s.mid_prefill})
         rows = [ScheduledRow(batch.requests[req_id], n) for req_id, n in out.num_scheduled_tokens.items()]
+        for row in rows:
+            row.state.mid_prefill = not row.produces_token
         return cls(phase, rows)
 
 
