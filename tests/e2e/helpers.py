@@ -176,6 +176,34 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int
     return outputs
 
 
+def assert_greedy_equal(prompts: Sequence[list[int]], got: Sequence[list[int]],
+                        expected: Sequence[list[int]]) -> None:
+    """Every prompt's tokens equal; the message names the first three that differ."""
+    bad = [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if list(g) != list(e)]
+    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+
+
+def concurrent_greedy(url: str, prompts: Sequence[list[int]], max_tokens: int, model: str = "tiny",
+                      ) -> list[list[int]]:
+    """Every prompt sent at once, one OpenAI client thread each (greedy, never stopping early);
+    the token ids of each answer, in prompt order."""
+    import concurrent.futures
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+    def complete(prompt: list[int]) -> list[int]:
+        result = client.completions.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        ).model_dump()
+        return result["choices"][0]["token_ids"]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return list(pool.map(complete, prompts))
+
+
 def repetitive_prompts(vocab: int) -> list[list[int]]:
     """Prompts that repeat a phrase (the n-gram drafter finds its continuation) and two random
     ones (drafts mostly miss): the speculative decoding tests' workload."""

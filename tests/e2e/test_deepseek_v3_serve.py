@@ -8,14 +8,13 @@ through ``vllm serve`` as 4 in-process lanes on an emulated Galaxy."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import random
 from pathlib import Path
 
 import pytest
 from vllm_tt_testing.checkpoints import trained_checkpoint
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -31,10 +30,6 @@ CHUNK = 64
 @pytest.fixture(scope="module")
 def deepseek_dir(tmp_path_factory) -> Path:
     return trained_checkpoint(tmp_path_factory, "deepseek_v3", TRAIN_STEPS)
-
-
-def _mismatches(prompts, got, expected) -> list[tuple[int, list[int], list[int]]]:
-    return [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
 
 
 def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(deepseek_dir):
@@ -60,15 +55,12 @@ def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(deep
         del llm
     assert preemptions > 0
     got = [list(r.outputs[0].token_ids) for r in results]
-    bad = _mismatches(prompts, got, hf_greedy(deepseek_dir, prompts, 60))
-    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+    assert_greedy_equal(prompts, got, hf_greedy(deepseek_dir, prompts, 60))
 
 
 def test_galaxy_lanes_serve_greedy_matches_transformers(deepseek_dir, tmp_path):
     """``--data-parallel-size 4`` on TG (8x4) -> 4 lanes of 4 rows in one engine, each lane
     with its own latent cache; all prompts at once, so every lane runs several."""
-    import openai
-
     rng = random.Random(22)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 31, 64, 65, 100, 150, 17, 90)]
     expected = hf_greedy(deepseek_dir, prompts, 16)
@@ -76,18 +68,7 @@ def test_galaxy_lanes_serve_greedy_matches_transformers(deepseek_dir, tmp_path):
     args = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS),
             "--api-server-count", "1", "--max-model-len", "512")
     with serve(deepseek_dir, *args, env={"MESH_DEVICE": "TG"}, log=log, timeout=600) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-
-        def complete(prompt: list[int]) -> list[int]:
-            result = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=16, temperature=0.0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            ).model_dump()
-            return result["choices"][0]["token_ids"]
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            got = list(pool.map(complete, prompts))
-    bad = _mismatches(prompts, got, expected)
-    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+        got = concurrent_greedy(url, prompts, 16)
+    assert_greedy_equal(prompts, got, expected)
     text = log.read_text()
     assert f"{LANES} lanes x {ROWS} rows" in text and "groups: mla layers [0, 1]" in text

@@ -6,13 +6,12 @@ side by side and under KV pressure that forces preemption; and through ``vllm se
 
 from __future__ import annotations
 
-import concurrent.futures
 import random
 
 import pytest
 from vllm_tt_testing.checkpoints import trained_checkpoint
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -68,11 +67,6 @@ def _preemptions(llm) -> int:
     return _counter(llm, "vllm:num_preemptions")
 
 
-def _assert_same(prompts, got, expected) -> None:
-    mismatches = [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
-    assert not mismatches, f"{len(mismatches)} of {len(prompts)} prompts differ (len, vllm, hf): {mismatches[:3]}"
-
-
 def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
     """12 prompts of 3-300 tokens on 4 decode rows: requests queue, join running batches and
     are prefilled in chunks; vLLM keeps a sliding-window group per sliding layer. Then prefix
@@ -93,8 +87,8 @@ def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
         assert _counter(llm, "vllm:prefix_cache_hits") - before >= 3 * 128
     finally:
         del llm
-    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
-    _assert_same(hit_prompts, hit_got, hf_greedy(gemma3_checkpoint, hit_prompts, 16))
+    assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
+    assert_greedy_equal(hit_prompts, hit_got, hf_greedy(gemma3_checkpoint, hit_prompts, 16))
 
 
 def test_greedy_matches_transformers_under_preemption(gemma3_checkpoint):
@@ -110,7 +104,7 @@ def test_greedy_matches_transformers_under_preemption(gemma3_checkpoint):
         assert _preemptions(llm) > 0
     finally:
         del llm
-    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 150))
+    assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 150))
 
 
 def test_greedy_matches_transformers_with_device_sampling_and_overlap(gemma3_checkpoint):
@@ -125,29 +119,17 @@ def test_greedy_matches_transformers_with_device_sampling_and_overlap(gemma3_che
         got = _generate(llm, prompts, 24)
     finally:
         del llm
-    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 24))
+    assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 24))
 
 
 def test_serve_24_concurrent_clients_match_transformers(gemma3_checkpoint, tmp_path):
     """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows: requests queue,
     join running batches mid-flight and cross the window while others decode; each answer is
     transformers' greedy continuation."""
-    import openai
-
     prompts = _prompts(4, [5 + 13 * i for i in range(24)])
     log = tmp_path / "serve.log"
     args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
     with serve(gemma3_checkpoint, *args, log=log) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-
-        def complete(prompt: list[int]) -> list[int]:
-            result = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=16, temperature=0.0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            ).model_dump()
-            return result["choices"][0]["token_ids"]
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            got = list(pool.map(complete, prompts))
-    _assert_same(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
+        got = concurrent_greedy(url, prompts, 16)
+    assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
     assert "sliding(W=32)" in log.read_text()

@@ -7,13 +7,12 @@ preemption, all on one engine; then ``vllm serve`` with 24 concurrent OpenAI cli
 
 from __future__ import annotations
 
-import concurrent.futures
 import random
 
 import pytest
 from vllm_tt_testing.checkpoints import trained_checkpoint
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -46,11 +45,6 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]
 
 def _counter(llm, name: str) -> int:
     return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
-
-
-def _assert_same(prompts, got, expected) -> None:
-    mismatches = [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
-    assert not mismatches, f"{len(mismatches)} of {len(prompts)} prompts differ (len, vllm, hf): {mismatches[:3]}"
 
 
 @pytest.fixture(scope="module")
@@ -107,27 +101,15 @@ def test_greedy_matches_transformers(gemma4_checkpoint, rounds, name):
     if name == "prefix hits":
         assert preempted[name + " hits"] >= 3 * 192, "no prefix-cache hits past the window"
     prompts, got, max_tokens = results[name]
-    _assert_same(prompts, got, hf_greedy(gemma4_checkpoint, prompts, max_tokens))
+    assert_greedy_equal(prompts, got, hf_greedy(gemma4_checkpoint, prompts, max_tokens))
 
 
 def test_serve_24_concurrent_clients_match_transformers(gemma4_checkpoint, tmp_path):
     """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows."""
-    import openai
-
     prompts = _prompts(4, [5 + 13 * i for i in range(24)])
     log = tmp_path / "serve.log"
     args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
     with serve(gemma4_checkpoint, *args, log=log) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-
-        def complete(prompt: list[int]) -> list[int]:
-            result = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=16, temperature=0.0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            ).model_dump()
-            return result["choices"][0]["token_ids"]
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            got = list(pool.map(complete, prompts))
-    _assert_same(prompts, got, hf_greedy(gemma4_checkpoint, prompts, 16))
+        got = concurrent_greedy(url, prompts, 16)
+    assert_greedy_equal(prompts, got, hf_greedy(gemma4_checkpoint, prompts, 16))
     assert "layer 4 reads layer 3's KV; layer 5 reads layer 2's KV" in log.read_text()

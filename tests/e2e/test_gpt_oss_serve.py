@@ -7,14 +7,13 @@ in-process lanes on an emulated Galaxy (``vllm.LLM`` refuses ``data_parallel_siz
 
 from __future__ import annotations
 
-import concurrent.futures
 import random
 from pathlib import Path
 
 import pytest
 from vllm_tt_testing.checkpoints import trained_checkpoint
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -40,10 +39,6 @@ def prompts_and_expected(gpt_oss_dir) -> tuple[list[list[int]], list[list[int]]]
     return prompts, hf_greedy(gpt_oss_dir, prompts, MAX_NEW_TOKENS)
 
 
-def _mismatches(prompts, got, expected) -> list[tuple[int, list[int], list[int]]]:
-    return [(len(p), g, e) for p, g, e in zip(prompts, got, expected, strict=True) if g != e]
-
-
 def test_offline_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -56,8 +51,7 @@ def test_offline_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     del llm
-    bad = _mismatches(prompts, [list(r.outputs[0].token_ids) for r in results], expected)
-    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+    assert_greedy_equal(prompts, [list(r.outputs[0].token_ids) for r in results], expected)
 
 
 def test_offline_greedy_matches_transformers_under_preemption(gpt_oss_dir):
@@ -81,33 +75,19 @@ def test_offline_greedy_matches_transformers_under_preemption(gpt_oss_dir):
     finally:
         del llm
     assert preemptions > 0
-    bad = _mismatches(prompts, [list(r.outputs[0].token_ids) for r in results], hf_greedy(gpt_oss_dir, prompts, 150))
-    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+    assert_greedy_equal(prompts, [list(r.outputs[0].token_ids) for r in results], hf_greedy(gpt_oss_dir, prompts, 150))
 
 
 def test_galaxy_lanes_serve_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected, tmp_path):
     """``--data-parallel-size 4`` on TG (8x4) -> 4 lanes of 4 rows in one engine, each lane
     with its own hybrid KV cache; all prompts at once, so every lane runs several."""
-    import openai
-
     prompts, expected = prompts_and_expected
     log = tmp_path / "serve.log"
     args = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS),
             "--api-server-count", "1", "--max-model-len", "512")
     # A loaded 2-core machine takes minutes to start four lanes; the default wait is 240 s.
     with serve(gpt_oss_dir, *args, env={"MESH_DEVICE": "TG"}, log=log, timeout=600) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-
-        def complete(prompt: list[int]) -> list[int]:
-            result = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=MAX_NEW_TOKENS, temperature=0.0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            ).model_dump()
-            return result["choices"][0]["token_ids"]
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            got = list(pool.map(complete, prompts))
-    bad = _mismatches(prompts, got, expected)
-    assert not bad, f"{len(bad)} of {len(prompts)} prompts differ (len, vllm, hf): {bad[:3]}"
+        got = concurrent_greedy(url, prompts, MAX_NEW_TOKENS)
+    assert_greedy_equal(prompts, got, expected)
     text = log.read_text()
     assert f"{LANES} lanes x {ROWS} rows" in text and "sliding(W=32) layers [0]; full layers [1]" in text
