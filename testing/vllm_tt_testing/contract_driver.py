@@ -1,13 +1,16 @@
 """The TT model runner and vLLM's KV cache manager, reduced to what the host-model tests need.
 
 One driver for every KV layout the host reference models take (one paged cache, hybrid
-sliding/full groups sharing tensors, one latent per token): a shuffled block pool per lane
+sliding/full groups sharing tensors, one latent per token, a recurrent state per request next
+to paged attention): a shuffled block pool per lane
 (block 0 is vLLM's null block, never handed out), one block table per KV cache group, whole
 histories in prefill chunks (``start_pos > 0`` for later chunks and prefix hits), full
 fixed-batch decode with padding rows, and per-layer page tables padded to the warmup batch as
 the runner sends them. Before each step a sliding group drops the blocks its window no longer
 reaches (table entry -> null block), as vLLM does; dropped blocks can be spoiled so that reading
-one changes the logits, and handed out again.
+one changes the logits, and handed out again. A recurrent group (vLLM's ``MambaSpec`` with
+``mamba_cache_mode`` none) holds one state block per request whatever its length, at entry 0
+of the group's table row, as the runner passes it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from vllm_tt_platform.host.models.gated_delta import RecurrentState
 
 Spoil = Literal["nan", "noise"]
 """What a dropped (or initially spoiled) block is filled with: NaN shows any read at all, even a
 masked one; large noise shows a read that reaches the softmax."""
+
+RECURRENT: Literal["recurrent"] = "recurrent"
+"""A layer kind next to the sliding windows: a recurrent-state layer (one block per request)."""
+
+Group = int | Literal["recurrent"] | None
+"""A KV cache group: its sliding window, ``RECURRENT``, or None for full attention."""
 
 
 @dataclass
@@ -29,8 +39,8 @@ class Seq:
     """One request: its prompt, block table per KV cache group and what it generated."""
 
     prompt: list[int]
-    tables: dict[int | None, list[int]]
-    """Per KV cache group, keyed by its sliding window (None = full attention): the block table."""
+    tables: dict[Group, list[int]]
+    """Per KV cache group (see ``Group``): the block table."""
     computed: int = 0
     generated: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
@@ -44,16 +54,16 @@ class ContractDriver:
     """Drives ``prefill_forward`` / ``decode_forward`` of one host model.
 
     ``kv`` is what the model's ``allocate_kv_cache`` (or ``..._per_layer``) returned: per lane,
-    per layer, ``(keys, values)`` of shape ``[blocks, kv heads, block size, head dim]``.
-    ``windows`` is each layer's sliding window (None = full attention); without it the model
-    takes the single-table contract (no ``page_tables_per_layer``). ``width`` is the page
-    table's width in blocks."""
+    per layer, ``(keys, values)`` of shape ``[blocks, kv heads, block size, head dim]`` or a
+    ``RecurrentState``. ``windows`` is each layer's group: its sliding window, None (full
+    attention) or ``RECURRENT``; without it the model takes the single-table contract (no
+    ``page_tables_per_layer``). ``width`` is the page table's width in blocks."""
 
     def __init__(
         self,
         model: Any,
         kv: list[list[tuple[torch.Tensor, torch.Tensor]]],
-        windows: Sequence[int | None] | None = None,
+        windows: Sequence[Group] | None = None,
         *,
         width: int = 24,
         seed: int = 0,
@@ -64,7 +74,7 @@ class ContractDriver:
         self.model = model
         self.kv = kv
         self.windows = list(windows) if windows is not None else None
-        keys = kv[0][0][0]
+        keys = next(layer[0] for layer in kv[0] if not isinstance(layer, RecurrentState))
         self.num_blocks, self.block = keys.shape[0], keys.shape[2]
         self.width = width
         self.spoil_with, self.recycle, self.free_outside_window = spoil, recycle, free_outside_window
@@ -81,8 +91,8 @@ class ContractDriver:
     def _tensors(self, lane: int) -> list[torch.Tensor]:
         """Every distinct KV tensor of one lane (layers may share one)."""
         seen: dict[int, torch.Tensor] = {}
-        for pair in self.kv[lane]:
-            for tensor in pair:
+        for layer in self.kv[lane]:
+            for tensor in (layer.conv, layer.recurrent) if isinstance(layer, RecurrentState) else layer:
                 seen.setdefault(id(tensor), tensor)
         return list(seen.values())
 
@@ -106,18 +116,26 @@ class ContractDriver:
         )
 
     @property
-    def groups(self) -> list[int | None]:
-        return sorted(set(self.windows), key=lambda w: (w is None, w or 0)) if self.windows else [None]
+    def groups(self) -> list[Group]:
+        """Sliding windows by size, then the recurrent group, then full attention."""
+        if not self.windows:
+            return [None]
+        return sorted(set(self.windows), key=lambda w: (w is None, w == RECURRENT, w if isinstance(w, int) else 0))
 
     def add(self, slot: int, prompt: list[int], prefix_of: int | None = None, cached_blocks: int = 0) -> None:
         """Admit a request; a prefix-cache hit reuses ``cached_blocks`` full blocks of
         ``prefix_of``: all of them in a full group, in a sliding group only those the window of
-        the first computed position reaches (the others are null)."""
-        tables: dict[int | None, list[int]] = {window: [] for window in self.groups}
+        the first computed position reaches (the others are null). A recurrent group takes the
+        request's one state block now, as vLLM allocates it (no prefix hits: no align mode)."""
+        tables: dict[Group, list[int]] = {window: [] for window in self.groups}
+        if RECURRENT in tables:
+            if prefix_of is not None:
+                raise ValueError("a recurrent-state model takes no prefix-cache hits")
+            tables[RECURRENT].append(self.free[self.model.lanes.lane_of(slot)].pop())
         if prefix_of is not None:
             start = cached_blocks * self.block
             for window, source in self.seqs[prefix_of].tables.items():
-                first = 0 if window is None else max(0, start - window + 1) // self.block
+                first = max(0, start - window + 1) // self.block if isinstance(window, int) else 0
                 tables[window] = [0] * first + source[first:cached_blocks]
         self.seqs[slot] = Seq(prompt, tables, computed=cached_blocks * self.block)
 
@@ -126,7 +144,9 @@ class ContractDriver:
         ``length`` positions from the lane's pool."""
         lane = self.model.lanes.lane_of(slot)
         for window, table in self.seqs[slot].tables.items():
-            if window is not None and self.free_outside_window:
+            if window == RECURRENT:
+                continue  # its one state block, taken at admission
+            if isinstance(window, int) and self.free_outside_window:
                 for j in range(max(0, computed - window + 1) // self.block):
                     if table[j]:
                         if self.spoil_with is not None:

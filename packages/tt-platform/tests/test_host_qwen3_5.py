@@ -7,9 +7,7 @@ the worker hands vLLM, read back through vLLM's own planning and the runner's la
 
 from __future__ import annotations
 
-import random
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from vllm_tt_platform.host.models.qwen3_5 import HostQwen3_5ForCausalLM
 from vllm_tt_platform.host.models.qwen3_5_config import Qwen3_5Config
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.contract_driver import RECURRENT, ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
 BLOCK = 16
@@ -51,96 +50,22 @@ def build(folder: Path, batch: int = 2) -> HostQwen3_5ForCausalLM:
     return model
 
 
-@dataclass
-class Seq:
-    prompt: list[int]
-    blocks: list[int]
-    state: int
-    computed: int = 0
-    generated: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-class StateDriver:
-    """The runner over vLLM's plan reduced to one lane: a full-attention group (one block per
-    ``BLOCK`` tokens) and a recurrent group (one block per request), both drawn from one
-    shuffled pool; tables padded to the decode batch as the runner sends them."""
-
-    def __init__(self, model: HostQwen3_5ForCausalLM, seed: int = 0) -> None:
-        cfg = model.config
-        assert isinstance(cfg, Qwen3_5Config)
-        self.model, self.cfg = model, cfg
-        states = ((NUM_BLOCKS, *cfg.delta.conv_state_shape), (NUM_BLOCKS, *cfg.delta.recurrent_state_shape))
-        attention = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
-        self.kv = model.allocate_kv_cache_per_layer([
-            (states, (torch.float32, torch.float32), 0) if cfg.linear(i) else (attention, torch.float32, 0)
-            for i in range(cfg.num_layers)
-        ])
-        noise = torch.Generator().manual_seed(seed)
-        for layer in self.kv[0]:
-            tensors = (layer.conv, layer.recurrent) if isinstance(layer, RecurrentState) else layer
-            for t in tensors:
-                t.copy_(torch.randn(t.shape, generator=noise) * 10)
-        self.free = list(range(1, NUM_BLOCKS))
-        random.Random(seed).shuffle(self.free)
-        self.seqs: dict[int, Seq] = {}
-
-    def add(self, slot: int, prompt: list[int]) -> None:
-        self.seqs[slot] = Seq(prompt, [], state=self.free.pop())
-
-    def _tables(self, slots: list[int | None]) -> list[torch.Tensor]:
-        full = torch.zeros(self.model.max_batch_size, WIDTH, dtype=torch.int32)
-        state = torch.zeros(self.model.max_batch_size, WIDTH, dtype=torch.int32)
-        for row, slot in enumerate(slots):
-            if slot is not None:
-                seq = self.seqs[slot]
-                full[row, : len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
-                state[row, 0] = seq.state
-        return [state if self.cfg.linear(i) else full for i in range(self.cfg.num_layers)]
-
-    def _cover(self, seq: Seq, length: int) -> None:
-        while len(seq.blocks) * BLOCK < length:
-            seq.blocks.append(self.free.pop())
-
-    def prefill(self, chunks: list[tuple[int, int]], **kwargs) -> torch.Tensor:
-        width = max(len(self.seqs[s].history) for s, _ in chunks)
-        tokens = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (slot, end) in enumerate(chunks):
-            self._cover(self.seqs[slot], end)
-            tokens[row, : len(self.seqs[slot].history)] = torch.tensor(self.seqs[slot].history)
-        tables = self._tables([s for s, _ in chunks])
-        out = self.model.prefill_forward(
-            tokens=tokens, page_table=tables[-1][: len(chunks)], kv_cache=self.kv,
-            prompt_lens=[end for _, end in chunks], start_pos=[self.seqs[s].computed for s, _ in chunks],
-            empty_slots=[s for s, _ in chunks], page_tables_per_layer=tables, **kwargs,
-        )
-        for row, (slot, end) in enumerate(chunks):
-            seq = self.seqs[slot]
-            seq.computed = end
-            if end == len(seq.history) and not kwargs:
-                seq.logits.append(out[row, -1])
-                seq.generated.append(int(out[row, -1].argmax()))
-        return out
-
-    def decode(self, steps: int) -> None:
-        rows = self.model.max_batch_size
-        for _ in range(steps):
-            tokens = torch.zeros(rows, 1, dtype=torch.int32)
-            start = torch.full((rows,), -1, dtype=torch.int32)
-            for slot, seq in self.seqs.items():
-                self._cover(seq, len(seq.history))
-                tokens[slot, 0], start[slot] = seq.history[-1], len(seq.history) - 1
-            tables = self._tables([s if s in self.seqs else None for s in range(rows)])
-            out = self.model.decode_forward(tokens=tokens, start_pos=start, page_table=tables[-1],
-                                            kv_cache=self.kv, page_tables_per_layer=tables)
-            for slot, seq in self.seqs.items():
-                seq.computed = len(seq.history)
-                seq.logits.append(out[slot, -1])
-                seq.generated.append(int(out[slot, -1].argmax()))
+def drive(model: HostQwen3_5ForCausalLM, seed: int) -> ContractDriver:
+    """The contract driver over vLLM's plan reduced to one lane: a full-attention group (one
+    block per ``BLOCK`` tokens) and a recurrent group (one state block per request), from one
+    shuffled pool; every block and state starts as noise."""
+    cfg = model.config
+    assert isinstance(cfg, Qwen3_5Config)
+    states = ((NUM_BLOCKS, *cfg.delta.conv_state_shape), (NUM_BLOCKS, *cfg.delta.recurrent_state_shape))
+    attention = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
+    kv = model.allocate_kv_cache_per_layer([
+        (states, (torch.float32, torch.float32), 0) if cfg.linear(i) else (attention, torch.float32, 0)
+        for i in range(cfg.num_layers)
+    ])
+    kinds = [RECURRENT if cfg.linear(i) else None for i in range(cfg.num_layers)]
+    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise")
+    driver.spoil(0)
+    return driver
 
 
 def _trained_text(folder: Path, length: int) -> list[int]:
@@ -152,7 +77,7 @@ def _trained_text(folder: Path, length: int) -> list[int]:
 def test_chunked_prefill_and_decode_match_generate(qwen_dir, hf_qwen):
     """Chunks end inside and across blocks, one is shorter than the convolution window (2 < 3
     states): each continues the state the last one left in the request's block."""
-    runner = StateDriver(build(qwen_dir), seed=1)
+    runner = drive(build(qwen_dir), 1)
     runner.add(0, _trained_text(qwen_dir, 90))  # the trained region: real greedy margins
     runner.add(1, prompts(1, 20)[0])
     runner.prefill([(0, 27), (1, 20)])
@@ -162,10 +87,11 @@ def test_chunked_prefill_and_decode_match_generate(qwen_dir, hf_qwen):
     runner.decode(14)
     worst = max(assert_matches_hf(hf_qwen, runner.seqs[slot]) for slot in (0, 1))
     assert worst < 1e-4
+    assert runner.null_block_untouched()
 
 
 def test_prefill_logits_at_every_position(qwen_dir, hf_qwen):
-    runner = StateDriver(build(qwen_dir), seed=2)
+    runner = drive(build(qwen_dir), 2)
     prompt = prompts(3, 70)[0]
     runner.add(0, prompt)
     head = runner.prefill([(0, 33)], return_all_logits=True)
@@ -180,7 +106,7 @@ def test_a_chunk_that_ignores_the_carried_state_goes_wrong(qwen_dir, hf_qwen, mo
     right after the boundary, logits move by up to 4.5 (parity: 7e-6)."""
     true_read = RecurrentState.read
     monkeypatch.setattr(RecurrentState, "read", lambda self, blocks, fresh: true_read(self, blocks, fresh | True))
-    runner = StateDriver(build(qwen_dir), seed=3)
+    runner = drive(build(qwen_dir), 3)
     prompt = prompts(4, 80)[0]
     runner.add(0, prompt)
     runner.prefill([(0, 40)])
