@@ -8,11 +8,21 @@ with ``save_pretrained`` (model, processor, tokenizer, chat template) so vLLM lo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from vllm_tt_testing.tiny_vl import (
+    KINDS,
+    QUESTION,
+    built,
+    captions,
+    save,
+    synthetic_image,
+    train_captioning,
+    user_message,
+)
+
+__all__ = ["KINDS", "build_tiny_qwen_vl", "synthetic_image", "user_message"]
 
 IMAGE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 CHAT_TEMPLATE = (
@@ -25,34 +35,14 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-KINDS = 4
-"""Synthetic image kinds; ``synthetic_image(kind, seed)`` draws one."""
-CAPTION_WORDS = 12
 TRAIN_STEPS = 150
 STAMP = ".vllm-tt-tiny-qwen-vl.json"
 RECIPE = {"format": 1, "train_steps": TRAIN_STEPS, "kinds": KINDS}
 
 
-def synthetic_image(kind: int, seed: int, size: tuple[int, int] = (32, 32)) -> np.ndarray:
-    """``[h, w, 3]`` uint8: kind 0..3 is a colour split along a direction, plus seeded noise."""
-    rng = np.random.default_rng(seed)
-    h, w = size
-    ys, xs = np.mgrid[0:h, 0:w]
-    split = [xs < w // 2, ys < h // 2, xs + ys < (h + w) // 2, (xs // 8 + ys // 8) % 2 == 0][kind % 4]
-    colours = np.array([[220, 40, 40], [40, 200, 60], [40, 60, 220], [230, 220, 40]], dtype=np.int16)
-    image = np.where(split[..., None], colours[kind % 4], colours[(kind + 2) % 4]).astype(np.int16)
-    image += rng.integers(-25, 26, image.shape)
-    return np.clip(image, 0, 255).astype(np.uint8)
-
-
-def user_message(images: int, text: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [*([{"type": "image"}] * images), {"type": "text", "text": text}]}]
-
-
 def build_tiny_qwen_vl(out: Path) -> Path:
     """Write the checkpoint into ``out`` (idempotent per recipe) and return it."""
-    stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == RECIPE:
+    if built(out, STAMP, RECIPE):
         return out
     import torch
     import vllm_tt_platform.host.tiny as tiny
@@ -103,40 +93,19 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     # No eos in the generation config: HF generate() then runs max_new_tokens, as vLLM does with ignore_eos.
     model.generation_config = GenerationConfig(bos_token_id=special["bos_token_id"],
                                                pad_token_id=special["pad_token_id"])
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    stamp.write_text(json.dumps(RECIPE))
-    return out
-
-
-def captions(tiny: Any) -> list[str]:
-    """One caption per image kind: the first words of a corpus paragraph."""
-    paragraphs = [p.strip() for p in tiny.corpus_text().split("\n\n") if p.strip()]
-    return [" ".join(paragraphs[3 * k].split()[:CAPTION_WORDS]) for k in range(KINDS)]
+    return save(out, model, processor, STAMP, RECIPE)
 
 
 def _train(model: Any, processor: Any, tok: Any, tiny: Any) -> None:
-    import torch
-
-    texts = tiny._corpus_ids(tok)
     caption_of = captions(tiny)
-    generator = torch.Generator().manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    model.train()
-    for step in range(TRAIN_STEPS):
-        starts = torch.randint(0, len(texts) - 64, (8,), generator=generator).tolist()
-        batch = torch.stack([texts[s : s + 64] for s in starts])
-        loss = model(input_ids=batch, labels=batch).loss
+
+    def caption_batch(step: int) -> tuple[dict[str, Any], Any]:
         kinds = [(step * 4 + i) % KINDS for i in range(4)]
-        prompts = [processor.apply_chat_template(user_message(1, "what is it?"), add_generation_prompt=True,
+        prompts = [processor.apply_chat_template(user_message(1, QUESTION), add_generation_prompt=True,
                                                  tokenize=False)
                    + caption_of[k] + "<|im_end|>" for k in kinds]
         images = [synthetic_image(k, 1000 * step + i) for i, k in enumerate(kinds)]
         inputs = processor(text=prompts, images=images, return_tensors="pt", padding=True)
-        labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
-        loss = loss + model(**inputs, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        return inputs, inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+
+    train_captioning(model, tiny._corpus_ids(tok), caption_batch, TRAIN_STEPS)

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import io
 from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl, synthetic_image, user_message
+from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
 
+from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
+from tests.e2e.vl_chat import chat_text, image_parts, images
 
 pytestmark = pytest.mark.e2e
 
-QUESTION = "what is it?"
 REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
 """Image kinds per request; two of one kind use different seeds (different pixels)."""
 MAX_TOKENS = 24
@@ -40,28 +40,10 @@ def hf_vl(qwen_vl_checkpoint):
     return model, AutoProcessor.from_pretrained(qwen_vl_checkpoint)
 
 
-def images(kinds: tuple[int, ...], salt: int = 0) -> list[Any]:
-    from PIL import Image
-
-    return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k)) for i, k in enumerate(kinds)]
-
-
-def chat_text(processor: Any, count: int) -> str:
-    return processor.apply_chat_template(user_message(count, QUESTION), add_generation_prompt=True, tokenize=False)
-
-
 def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False) -> tuple[list[int], list[int]]:
-    """HF's (prompt ids, greedy new tokens) for the chat prompt with these images; ``chat``:
-    tokenized as a chat endpoint does (no bos added to the rendered template)."""
-    import torch
-
-    model, processor = hf_vl
-    inputs = processor(text=[chat_text(processor, len(kinds))], images=images(kinds, salt) or None,
-                       return_tensors="pt", add_special_tokens=not chat)
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
-    prompt = inputs["input_ids"][0].tolist()
-    return prompt, out[0, len(prompt):].tolist()
+    """HF's (prompt ids, greedy new tokens); ``chat``: tokenized as a chat endpoint does (no bos
+    added to the rendered template)."""
+    return vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, salt, add_special_tokens=not chat)
 
 
 def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_checkpoint, hf_vl):
@@ -91,19 +73,8 @@ def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_c
     assert by_kinds[(0,)] != by_kinds[(1,)] and by_kinds[(0,)] != by_kinds[()], "the image decides the answer"
 
 
-def data_url(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 def chat_body(model: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
-            "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
-
-
-def image_parts(kinds: tuple[int, ...], salt: int) -> list[dict[str, Any]]:
-    return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt)]
+    return vl_chat.chat_body(model, parts, MAX_TOKENS)
 
 
 WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"

@@ -1,0 +1,145 @@
+"""Gemma 3 vision-language through vLLM's engine on the host mesh backend: vLLM's own Gemma 3
+processor turns the images into normalised ``pixel_values``, the runner hands them to the host
+model's prefill (SigLIP tower, projector, bidirectional attention over each image, sliding
+window shorter than an image), and greedy outputs equal transformers' generate() for text-only,
+one-image and two-image requests side by side, through ``vllm.LLM`` with ``multi_modal_data``
+(prompts chunked at 32 tokens, never inside an image) and through ``vllm serve`` with OpenAI
+chat requests carrying base64 ``image_url`` data URLs. The tiny checkpoint is trained so that
+the image decides the answer: different images give HF's different answers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from typing import Any
+
+import httpx
+import pytest
+from vllm_tt_testing.tiny_gemma3_vl import MM_TOKENS, build_tiny_gemma3_vl
+
+from tests.e2e.helpers import serve
+from tests.e2e.vl_chat import chat_body, chat_text, hf_generate, image_parts, images
+
+pytestmark = pytest.mark.e2e
+
+REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), (2,)]
+"""Image kinds per request; two of one kind use different seeds (different pixels)."""
+MAX_TOKENS = 16
+CHUNK = 32
+"""vLLM's token budget per step in the LLM test: a two-image prompt (53 tokens) needs two chunks."""
+
+
+@pytest.fixture(scope="session")
+def gemma3_vl_checkpoint(tmp_path_factory):
+    return build_tiny_gemma3_vl(tmp_path_factory.getbasetemp() / "tiny-gemma3-vl-trained")
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3_vl(gemma3_vl_checkpoint):
+    import torch
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    model = Gemma3ForConditionalGeneration.from_pretrained(gemma3_vl_checkpoint, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(gemma3_vl_checkpoint)
+
+
+def expected(hf_gemma3_vl, salt: int = 0) -> list[tuple[list[int], list[int]]]:
+    return [hf_generate(hf_gemma3_vl, kinds, MAX_TOKENS, salt, nested=True) for kinds in REQUESTS]
+
+
+def assert_image_decides(answers: list[list[int]]) -> None:
+    """The one-image answers differ by kind, and from the text-only answer."""
+    by_kinds = dict(zip(REQUESTS, answers, strict=True))
+    singles = [by_kinds[(k,)] for k in range(4)]
+    assert len({tuple(a) for a in singles}) == 4, singles
+    assert by_kinds[(1,)] != by_kinds[()], "an image changes the answer"
+
+
+def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
+    """``[first, stop)`` of each run of image placeholder tokens."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(ids):
+        if token == image_token:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs
+
+
+def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
+    ends, done = [], 0
+    for step in trace:
+        for rid, tokens in step["scheduled"].items():
+            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
+                done += tokens
+                ends.append(done)
+    return ends
+
+
+def test_llm_generate_with_images_equals_transformers_chunked(gemma3_vl_checkpoint, hf_gemma3_vl, tmp_path,
+                                                              monkeypatch):
+    """Seven mixed requests on 4 decode rows with a 32-token step budget: every prompt with
+    two images is prefilled in chunks, each chunk ending outside the images."""
+    from vllm import LLM, SamplingParams
+
+    trace_path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("TT_STEP_TRACE", str(trace_path))
+    llm = LLM(model=str(gemma3_vl_checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
+              max_num_batched_tokens=CHUNK, enable_chunked_prefill=True, limit_mm_per_prompt={"image": 2},
+              seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+    processor = hf_gemma3_vl[1]
+    prompts = [{"prompt": chat_text(processor, len(k)), **({"multi_modal_data": {"image": images(k)}} if k else {})}
+               for k in REQUESTS]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    results = llm.generate(prompts, params, use_tqdm=False)
+    del llm
+    want = expected(hf_gemma3_vl)
+    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
+    assert [g[0] for g in got] == [e[0] for e in want], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(k, g[1], e[1]) for k, g, e in zip(REQUESTS, got, want, strict=True) if g[1] != e[1]]
+    assert not mismatches, mismatches
+    assert_image_decides([g[1] for g in got])
+
+    image_token = hf_gemma3_vl[0].config.image_token_id
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    chunked = 0
+    for kinds, result in zip(REQUESTS, results, strict=True):
+        ids = list(result.prompt_token_ids)
+        runs = image_runs(ids, image_token)
+        assert [stop - first for first, stop in runs] == [MM_TOKENS] * len(kinds)
+        ends = chunk_ends(trace, result.request_id, len(ids))
+        assert ends and ends[-1] == len(ids), (kinds, ends)
+        assert not [e for e in ends for first, stop in runs if first < e < stop], (kinds, ends, runs)
+        chunked += len(ends) > 1
+    assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
+
+
+def test_serve_chat_with_base64_images_equals_transformers(gemma3_vl_checkpoint, hf_gemma3_vl, tmp_path):
+    """Seven concurrent OpenAI chat requests (text only, one and two images) equal HF, prompt
+    ids included; a third image is refused with a 400 and the next request is served."""
+    model = str(gemma3_vl_checkpoint)
+    log = tmp_path / "serve.log"
+    with serve(gemma3_vl_checkpoint, "--max-model-len", "256", "--max-num-seqs", "4",
+               "--limit-mm-per-prompt", '{"image": 2}', log=log) as url:
+
+        def chat(parts: list[dict[str, Any]]) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS), timeout=300)
+
+        with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
+            answers = list(pool.map(lambda kinds: chat(image_parts(kinds, 5)), REQUESTS))
+        too_many = chat(image_parts((0, 1, 2), 9))
+        after = chat(image_parts((3,), 5))
+    for response in [*answers, after]:
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+    want = [hf_generate(hf_gemma3_vl, kinds, MAX_TOKENS, 5, nested=True, add_special_tokens=False)
+            for kinds in REQUESTS]
+    bodies = [response.json() for response in answers]
+    assert [b["prompt_token_ids"] for b in bodies] == [w[0] for w in want]
+    got = [b["choices"][0]["token_ids"] for b in bodies]
+    mismatches = [(k, g, w[1]) for k, g, w in zip(REQUESTS, got, want, strict=True) if g != w[1]]
+    assert not mismatches, mismatches
+    assert_image_decides(got)
+    assert after.json()["choices"][0]["token_ids"] == got[REQUESTS.index((3,))]
+    assert too_many.status_code == 400 and "At most 2 image(s)" in too_many.json()["error"]["message"]
