@@ -20,7 +20,7 @@ from functools import cache
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -52,6 +52,8 @@ class SimConfig:
     enable_prefix_caching: bool = False
     tt: dict[str, Any] = field(default_factory=dict)
     """The ``tt`` section of ``--additional-config``."""
+    num_speculative_tokens: int = 0
+    """K of n-gram speculative decoding (0: off): the scheduler schedules drafts."""
 
     @property
     def pool_blocks(self) -> int:
@@ -113,6 +115,11 @@ def build_vllm_config(config: SimConfig) -> VllmConfig:
     )
     vllm_config.model_config = model
     cache_config.num_gpu_blocks = config.pool_blocks
+    if config.num_speculative_tokens:
+        vllm_config.speculative_config = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=config.num_speculative_tokens, prompt_lookup_max=3,
+            prompt_lookup_min=1, target_model_config=model, target_parallel_config=vllm_config.parallel_config,
+        )
     return vllm_config
 
 

@@ -62,17 +62,24 @@ def _spec_config(uses_mrope: bool = False):
                            model_config=SimpleNamespace(uses_mrope=uses_mrope))
 
 
-@pytest.mark.parametrize(("caps", "lanes", "mrope", "named"), [
-    ({}, 1, False, "supports_verify_decode"),
-    ({"supports_verify_decode": True}, 4, False, "4 lanes"),
-    ({"supports_verify_decode": True}, 1, True, "mRoPE"),
+@pytest.mark.parametrize(("caps", "mrope", "named"), [
+    ({}, False, "supports_verify_decode"),
+    ({"supports_verify_decode": True}, True, "mRoPE"),
 ])
-def test_speculation_is_refused_where_verify_steps_cannot_run(caps, lanes, mrope, named):
+def test_speculation_is_refused_where_verify_steps_cannot_run(caps, mrope, named):
     from vllm_tt_models_registry.contract import ModelCapabilities
     from vllm_tt_platform.config.startup_checks import check_speculation
     from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
     with pytest.raises(TTUnsupportedFeatureError, match=named) as info:
-        check_speculation(_spec_config(mrope), ModelCapabilities(**caps), "TTExample", lanes)
+        check_speculation(_spec_config(mrope), ModelCapabilities(**caps), "TTExample")
     assert "--speculative-config" in str(info.value)
-    check_speculation(_spec_config(), ModelCapabilities(supports_verify_decode=True), "TTExample", 1)
+    check_speculation(_spec_config(), ModelCapabilities(supports_verify_decode=True), "TTExample")
+
+
+def test_startup_summary_names_the_verify_trace_shape_per_lane():
+    from vllm_tt_platform.runner.speculative import SpecSettings
+
+    settings = SpecSettings("ngram", 3)
+    assert settings.describe(1, 4) == "ngram, K=3, verify trace [4 rows, 4]"
+    assert settings.describe(4, 8) == "ngram, K=3, verify trace [8 rows, 4] per lane x 4 lanes"

@@ -33,7 +33,7 @@ HAS_SKIP_DRAFTS = "skip_drafts" in _OUTPUT_FIELDS
 
 HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(GrammarOutput)}
 """``GrammarOutput.num_acceptable_drafts`` (added in vLLM 0.32): a per-row limit on draft tokens
-that older releases do not have (and TT runs no speculative decoding)."""
+that older releases do not have (those releases then put no limit on a row's drafts)."""
 
 
 def acceptable_drafts(output: GrammarOutput) -> list[int] | None:

@@ -132,7 +132,7 @@ def configure(vllm_config: VllmConfig) -> None:
         prefix_caching_requested=bool(cache.enable_prefix_caching)
         and cli_flags.given("enable_prefix_caching"),
     )
-    check_speculation(vllm_config, caps, setup.model.arch, setup.topology.lanes)
+    check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
                     "synchronously; each verify step is sampled on the host).",

@@ -110,9 +110,9 @@ SPECULATIVE_METHODS: tuple[str, ...] = ("ngram",)
 """``--speculative-config`` methods the TT runner serves (vLLM's ``NgramProposer`` on the host)."""
 
 
-def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str, lanes: int) -> None:
-    """Speculative decoding needs verify steps from the model and one lane (the lane
-    coordinator does not route drafts per lane yet)."""
+def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """Speculative decoding needs verify steps from the model (and rope positions it can
+    carry: no mRoPE)."""
     if vllm_config.speculative_config is None:
         return
     if not caps.supports_verify_decode:
@@ -128,13 +128,6 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             "--speculative-config", vllm_config.speculative_config.method,
             f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
             "remove --speculative-config",
-        )
-    if lanes > 1:
-        raise TTUnsupportedFeatureError(
-            "--speculative-config", vllm_config.speculative_config.method,
-            f"unset with {lanes} lanes (--data-parallel-size folded into lanes)",
-            "remove --speculative-config or serve one lane (no --data-parallel-size): the lane "
-            "coordinator does not route drafts per lane yet",
         )
 
 

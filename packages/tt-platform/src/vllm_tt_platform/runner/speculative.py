@@ -58,9 +58,13 @@ class SpecSettings:
             return None
         return cls(str(spec.method), int(spec.num_speculative_tokens))
 
-    def describe(self, decode_rows: int) -> str:
-        """For the startup summary: the method, K and the verify trace shape."""
-        return f"{self.method}, K={self.num_tokens}, verify trace [{decode_rows} rows, {1 + self.num_tokens}]"
+    def describe(self, lanes: int, rows_per_lane: int) -> str:
+        """For the startup summary: the method, K and the verify trace shape (per lane: each
+        lane's sub-mesh verifies its own rows in the one step over all lanes)."""
+        shape = f"[{rows_per_lane} rows, {1 + self.num_tokens}]"
+        if lanes > 1:
+            shape += f" per lane x {lanes} lanes"
+        return f"{self.method}, K={self.num_tokens}, verify trace {shape}"
 
 
 def row_sampling(state: RequestState) -> RowSampling:

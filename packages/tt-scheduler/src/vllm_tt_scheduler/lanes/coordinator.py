@@ -28,6 +28,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_tt_scheduler import envs
 from vllm_tt_scheduler.carry import carry_over
+from vllm_tt_scheduler.lanes.drafts import route_drafts
 from vllm_tt_scheduler.lanes.member import TTAsyncLaneScheduler, TTLaneScheduler
 from vllm_tt_scheduler.lanes.merge import merge_grammar, merge_outputs
 from vllm_tt_scheduler.lanes.results import lane_stats, merge_engine_outputs, merge_stats
@@ -215,17 +216,22 @@ class TTLaneCoordinator(SchedulerInterface):
         return merge_engine_outputs(results, merge_stats(stats) if self.log_stats else None)
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
-        for lane in self.lanes:  # each lane skips ids it does not hold
-            lane.update_draft_token_ids(draft_token_ids)
+        """Each lane takes its own rows' drafts (``route_drafts``)."""
+        routed = route_drafts(draft_token_ids, [lane.requests for lane in self.lanes])
+        for lane, drafts in zip(self.lanes, routed, strict=True):
+            if drafts is not None:
+                lane.update_draft_token_ids(drafts)
 
     def update_draft_token_ids_in_output(
         self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput
     ) -> None:
+        """Async scheduling: each lane's drafts fill its own placeholders in the step in flight."""
         invalid: dict[str, int] = {}
-        for lane, out in zip(self.lanes, self._lane_outputs(scheduler_output), strict=True):
-            if out is None:
+        routed = route_drafts(draft_token_ids, [lane.requests for lane in self.lanes])
+        for lane, out, drafts in zip(self.lanes, self._lane_outputs(scheduler_output), routed, strict=True):
+            if out is None or drafts is None:
                 continue
-            lane.update_draft_token_ids_in_output(draft_token_ids, out)
+            lane.update_draft_token_ids_in_output(drafts, out)
             scheduler_output.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
             invalid.update(out.num_invalid_spec_tokens or {})
         scheduler_output.num_invalid_spec_tokens = invalid

@@ -13,6 +13,7 @@ from typing import Any
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.perf import PerfStats
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_tt_scheduler.lanes.merge import known_fields
 
@@ -66,11 +67,29 @@ def merge_stats(lanes: Sequence[SchedulerStats | None]) -> SchedulerStats | None
         "running_lora_adapters": _sum_counts(s.running_lora_adapters for s in present),
     }
     merged = SchedulerStats(**known_fields(SchedulerStats, values))
-    # Facts of the one model call, the same in every lane's record (spec decoding is refused).
-    for name in ("spec_decoding_stats", "cudagraph_stats"):
-        setattr(merged, name, next((getattr(s, name) for s in present if getattr(s, name) is not None), None))
+    # A fact of the one model call, the same in every lane's record.
+    merged.cudagraph_stats = next((s.cudagraph_stats for s in present if s.cudagraph_stats is not None), None)
+    merged.spec_decoding_stats = sum_spec_stats([s.spec_decoding_stats for s in present
+                                                 if s.spec_decoding_stats is not None])
     merged.perf_stats = _sum_perf([s.perf_stats for s in present if s.perf_stats is not None])
     return merged
+
+
+def sum_spec_stats(stats: Sequence[SpecDecodingStats]) -> SpecDecodingStats | None:
+    """Each lane counted the drafts of its own rows (its ``update_from_output`` compares them
+    with the tokens they produced); the step verified all of them."""
+    if not stats:
+        return None
+    total = SpecDecodingStats.new(stats[0].num_spec_tokens)
+    for s in stats:
+        total.num_drafts += s.num_drafts
+        total.num_draft_tokens += s.num_draft_tokens
+        total.num_accepted_tokens += s.num_accepted_tokens
+        for pos, (accepted, drafted) in enumerate(zip(s.num_accepted_tokens_per_pos, s.num_draft_tokens_per_pos,
+                                                      strict=True)):
+            total.num_accepted_tokens_per_pos[pos] += accepted
+            total.num_draft_tokens_per_pos[pos] += drafted
+    return total
 
 
 def _sum_perf(stats: Sequence[PerfStats]) -> PerfStats | None:

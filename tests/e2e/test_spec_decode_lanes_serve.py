@@ -1,0 +1,67 @@
+"""Speculative decoding in lane mode (issue 19): `vllm serve` on the host backend emulating a Galaxy
+(TG), ``--data-parallel-size 4`` folded into 4 lanes of 2 rows, n-gram drafts with K=3.
+
+Each lane's rows get their own drafts (vLLM's ``NgramProposer`` per row, routed to the row's lane
+by the lane coordinator), and a verify step is one decode step over every lane's rows. Concurrent
+greedy clients get exactly transformers' tokens, vLLM's accepted-draft counter moves, and the
+startup log names the method, K and the verify trace shape per lane.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, repetitive_prompts, serve
+
+pytestmark = pytest.mark.e2e
+
+LANES, ROWS, K = 4, 2, 3
+MAX_NEW_TOKENS = 24
+SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+SERVE_ARGS = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS),
+              # one engine process (the lanes) needs one API server
+              "--api-server-count", "1", "--max-model-len", "256", "--speculative-config", json.dumps(SPEC))
+
+
+@pytest.fixture(scope="module")
+def lane_server(tiny_checkpoint, tmp_path_factory):
+    model_dir = tiny_checkpoint("llama")
+    log = tmp_path_factory.mktemp("spec_lanes") / "serve.log"
+    with serve(model_dir, *SERVE_ARGS, env={"MESH_DEVICE": "TG"}, log=log) as url:
+        yield model_dir, url, log
+
+
+def counter(url: str, name: str) -> float:
+    """A vLLM counter from /metrics, summed over its label sets."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_concurrent_greedy_in_lanes_equals_transformers(lane_server):
+    model_dir, url, _ = lane_server
+    from transformers import AutoTokenizer
+
+    prompts = repetitive_prompts(AutoTokenizer.from_pretrained(model_dir).vocab_size)  # 8: every lane's rows
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
+    before = counter(url, "vllm:spec_decode_num_accepted_tokens_total")
+    got = concurrent_greedy(url, prompts, MAX_NEW_TOKENS)
+    assert_greedy_equal(prompts, got, expected)
+    accepted = counter(url, "vllm:spec_decode_num_accepted_tokens_total") - before
+    drafted = counter(url, "vllm:spec_decode_num_draft_tokens_total")
+    assert accepted <= drafted, (accepted, drafted)
+    # more than one lane's rows could have accepted: the counter covers every lane
+    assert accepted > ROWS * MAX_NEW_TOKENS, accepted
+
+
+def test_log_names_speculation_per_lane(lane_server):
+    _, _, log = lane_server
+    text = Path(log).read_text()
+    assert "TT lane coordinator: 4 lanes x 2 rows" in text
+    assert f"speculation ngram, K={K}, verify trace [{ROWS} rows, {1 + K}] per lane x {LANES} lanes;" in text
