@@ -8,7 +8,9 @@ wrong tokens rather than being hidden by a shortcut.
 Each layer has its own page table (hybrid KV: vLLM keeps one block table per KV cache group)
 and its own attention kind: full, or a sliding window that reads only the blocks its window
 reaches. Families whose layers differ in more than that (norms, activation, attention scale)
-subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...).
+subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...); a family
+whose layers are not all attention (Qwen 3.5's delta-net) overrides the layer stacks
+(``_prefill_layers``, ``_decode_layers``) and keeps the entry points and their contract.
 """
 
 from __future__ import annotations
@@ -44,6 +46,30 @@ class PrefillInserts:
     """``[end]``: each position's bidirectional block (-1: causal only); see ``paged_kv.visible``."""
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """One decode step's rows as every layer reads them."""
+
+    live: torch.Tensor
+    """``[B]``: the rows that are not padding (position >= 0); only they write KV or state."""
+    pos: torch.Tensor
+    """``[B]`` long: each row's position; padding rows at 0, so they attend to key 0 only, which
+    keeps their (ignored) output finite."""
+    block_size: int
+    lanes: list[slice]
+    """Each lane's rows of the batch (row ``r`` is in lane ``r // rows_per_lane``)."""
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, kv: Sequence[LaneKV], rows_per_lane: int) -> DecodeRows:
+        batch = positions.shape[0]
+        return cls(
+            live=positions >= 0,
+            pos=positions.clamp(min=0).long(),
+            block_size=paged_kv.block_size(kv[0]),
+            lanes=[slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)],
+        )
+
+
 class HostDecoder:
     def __init__(self, config: DecoderConfig, weights: DecoderWeights) -> None:
         self.config = config
@@ -69,6 +95,15 @@ class HostDecoder:
         token with ``all_positions`` (prompt logprobs). ``page_rows`` holds the row's page
         table of each layer. Only the ``n`` real positions write KV. ``inserts`` replaces some
         embeddings and lets blocks of positions attend both ways."""
+        n = new_tokens.shape[0]
+        x = self._prefill_layers(new_tokens, start, bucket, page_rows, lane_kv, inserts)
+        if all_positions:
+            return self._logits(x[:n])
+        return self._logits(x[n - 1 : n])[0]
+
+    def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
+                        lane_kv: LaneKV, inserts: PrefillInserts | None) -> torch.Tensor:
+        """The hidden states after the last layer, ``[bucket, hidden]`` (the first ``n`` real)."""
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
@@ -99,9 +134,7 @@ class HostDecoder:
             values = paged_kv.gather(v_cache, pages_used)
             out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
             x = self._finish_layer(x, out[0].transpose(0, 1), layer)
-        if all_positions:
-            return self._logits(x[:n])
-        return self._logits(x[n - 1 : n])[0]
+        return x
 
     @torch.no_grad()
     def decode(
@@ -115,14 +148,13 @@ class HostDecoder:
         """One token per row: ``tokens [B]`` at ``positions [B]`` (-1 = padding row: no KV
         write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
-        batch = tokens.shape[0]
-        live = positions >= 0
-        # Padding rows attend to key 0 only, which keeps their (ignored) output finite.
-        pos = positions.clamp(min=0).long()
-        size = paged_kv.block_size(kv[0])
-        lanes = [slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)]
+        step = DecodeRows.of(positions, kv, rows_per_lane)
+        return self._logits(self._decode_layers(self._embed(tokens.long()), step, page_tables, kv))
 
-        x = self._embed(tokens.long())
+    def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
+                       kv: list[LaneKV]) -> torch.Tensor:
+        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``."""
+        live, pos, size = step.live, step.pos, step.block_size
         for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
             window = self.config.window(index)
             first = paged_kv.first_block(pos, window, size)
@@ -131,7 +163,7 @@ class HostDecoder:
             pages, offsets = paged_kv.locate(page_table, pos, size)
             q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
             keys, values = [], []
-            for lane, rows in enumerate(lanes):
+            for lane, rows in enumerate(step.lanes):
                 k_cache, v_cache = kv[lane][index]
                 write = live[rows]
                 if self.config.kv_source(index) == index:
@@ -141,7 +173,7 @@ class HostDecoder:
                 values.append(paged_kv.gather(v_cache, pages_used[rows]))
             out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
             x = self._finish_layer(x, out[:, :, 0, :], layer)
-        return self._logits(x)
+        return x
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]

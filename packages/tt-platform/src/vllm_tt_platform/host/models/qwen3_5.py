@@ -36,7 +36,7 @@ from vllm_tt_platform.host.models.checkpoint import (
     _SafetensorsFolder,
 )
 from vllm_tt_platform.host.models.config import DecoderConfig
-from vllm_tt_platform.host.models.decoder import HostDecoder, PrefillInserts, _mlp
+from vllm_tt_platform.host.models.decoder import DecodeRows, HostDecoder, PrefillInserts, _mlp
 from vllm_tt_platform.host.models.gated_delta import (
     RecurrentState,
     causal_conv,
@@ -86,26 +86,17 @@ class Qwen3_5Decoder(HostDecoder):
         self.layers = layers
         self.rotary = RotaryEmbedding.of(config.rope, config.rotary_dim)
 
-    @torch.no_grad()
-    def prefill(
-        self,
-        new_tokens: torch.Tensor,
-        start: int,
-        bucket: int,
-        page_rows: Sequence[torch.Tensor],
-        lane_kv: Any,
-        all_positions: bool = False,
-        inserts: PrefillInserts | None = None,
-    ) -> torch.Tensor:
-        """Positions ``[start, start + n)`` of one row (``bucket`` only names the traced shape);
-        a delta-net layer continues the state in block ``page_rows[layer][0]``, from zeros
-        when ``start`` is 0."""
+    def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
+                        lane_kv: Any, inserts: PrefillInserts | None) -> torch.Tensor:
+        """The ``n`` real positions only (``bucket`` just names the traced shape: padding would
+        advance the state); a delta-net layer continues the state in block ``page_rows[layer][0]``,
+        from zeros when ``start`` is 0."""
         if inserts is not None:
             raise HostModelInputError("Qwen 3.5 text takes no embedding inserts (images)")
         n = new_tokens.shape[0]
         positions = start + torch.arange(n)
         size = paged_kv.block_size(lane_kv)
-        x = self.weights.embed[new_tokens.long()]
+        x = self._embed(new_tokens.long())
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
             if isinstance(layer.mixer, GatedDeltaWeights):
@@ -118,42 +109,29 @@ class Qwen3_5Decoder(HostDecoder):
             else:
                 x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions, size)
             x = x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
-        return self._logits(x) if all_positions else self._logits(x[n - 1 :])[0]
+        return x
 
-    @torch.no_grad()
-    def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        page_tables: Sequence[torch.Tensor],
-        kv: list[Any],
-        rows_per_lane: int,
-    ) -> torch.Tensor:
-        """One token per row (``positions`` -1: a padding row, which writes no KV or state)."""
-        batch = tokens.shape[0]
-        live = positions >= 0
-        pos = positions.clamp(min=0).long()
-        size = paged_kv.block_size(kv[0])
-        lanes = [slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)]
-        x = self.weights.embed[tokens.long()]
+    def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
+                       kv: list[Any]) -> torch.Tensor:
+        """A padding row writes no KV or state."""
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
             table = page_tables[index]
             if isinstance(layer.mixer, GatedDeltaWeights):
                 out = torch.zeros_like(x)
-                for lane, rows in enumerate(lanes):
+                for lane, rows in enumerate(step.lanes):
                     state: RecurrentState = kv[lane][index]
-                    blocks, alive = table[rows, 0].long(), live[rows]
+                    blocks, alive = table[rows, 0].long(), step.live[rows]
                     conv, recurrent = state.read(blocks, ~alive)
-                    step, conv, recurrent = self._delta(h[rows][:, None], layer.mixer, conv, recurrent)
+                    delta, conv, recurrent = self._delta(h[rows][:, None], layer.mixer, conv, recurrent)
                     state.write(blocks[alive], conv[alive], recurrent[alive])
-                    out[rows] = step[:, 0]
+                    out[rows] = delta[:, 0]
                 x = x + out
             else:
-                x = x + self._attention_decode(h, layer.mixer, [kv[lane][index] for lane in range(len(lanes))],
-                                               lanes, table, pos, live, size)
+                x = x + self._attention_decode(h, layer.mixer, [kv[lane][index] for lane in range(len(step.lanes))],
+                                               table, step)
             x = x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
-        return self._logits(x)
+        return x
 
     # ---- gated delta-net ---------------------------------------------------------------
 
@@ -228,16 +206,17 @@ class Qwen3_5Decoder(HostDecoder):
         return self._gated_out(out[0].transpose(0, 1), gate, a)
 
     def _attention_decode(
-        self, h: torch.Tensor, a: AttentionWeights, lane_kvs: list[list[torch.Tensor]], lanes: list[slice],
-        table: torch.Tensor, pos: torch.Tensor, live: torch.Tensor, size: int,
+        self, h: torch.Tensor, a: AttentionWeights, lane_kvs: list[list[torch.Tensor]], table: torch.Tensor,
+        step: DecodeRows,
     ) -> torch.Tensor:
+        pos, live, size = step.pos, step.live, step.block_size
         first = torch.zeros_like(pos)
         pages_used, key_pos = paged_kv.key_span(table, first, int((pos // size).max()) + 1, size)
         mask = paged_kv.visible(key_pos, pos[:, None], None)
         pages, offsets = paged_kv.locate(table, pos, size)
         q, gate, k, v = self._gated_qkv(h, a, pos)
         keys, values = [], []
-        for (k_cache, v_cache), rows in zip(lane_kvs, lanes, strict=True):
+        for (k_cache, v_cache), rows in zip(lane_kvs, step.lanes, strict=True):
             write = live[rows]
             paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
             paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
