@@ -34,8 +34,10 @@ from vllm_tt_platform.host.models.checkpoint import (
     _SafetensorsFolder,
 )
 from vllm_tt_platform.host.models.config import (
+    AttentionShape,
     DecoderConfig,
     RopeConfig,
+    common_fields,
     layer_windows,
     model_name,
     positive_int,
@@ -111,19 +113,12 @@ class Gemma4Config(Gemma3Config):
         windows = layer_windows(hf_config, model, layers)
         kv_heads, head_dims = _layer_shapes(hf_config, model, layers, heads)
         global_rope, fraction = _full_rope(hf_config, model)
+        # Layer 0's KV heads and head size; every layer's own in layer_kv_heads, layer_head_dims.
+        shape = AttentionShape(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads[0], head_dim=head_dims[0])
         return cls(
+            **common_fields(hf_config, shape, tie_word_embeddings=True),
             family="gemma4",
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=positive_int(hf_config, "hidden_size", model),
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads[0],  # layer 0's; every layer's own in layer_kv_heads
-            head_dim=head_dims[0],
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=global_rope,
-            max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
             qkv_bias=False,
             o_bias=False,
             mlp_bias=False,

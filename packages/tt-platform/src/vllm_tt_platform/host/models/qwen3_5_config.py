@@ -20,6 +20,7 @@ from vllm_tt_platform.host.models.config import (
     AttentionShape,
     DecoderConfig,
     RopeConfig,
+    common_fields,
     model_name,
     positive_int,
 )
@@ -103,18 +104,9 @@ class Qwen3_5Config(DecoderConfig):
         rope, rotary_dim = _rope(hf_config, model, shape.head_dim)
         bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
+            **common_fields(hf_config, shape),
             family="qwen3_5",
-            vocab_size=positive_int(hf_config, "vocab_size", model),
-            hidden_size=positive_int(hf_config, "hidden_size", model),
-            intermediate_size=positive_int(hf_config, "intermediate_size", model),
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
             rope=rope,
-            max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 0) or 0),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=bias,
             o_bias=bias,
             mlp_bias=False,
