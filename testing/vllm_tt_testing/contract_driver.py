@@ -208,6 +208,12 @@ class ContractDriver:
                 seq.generated.append(int(out[row, -1].argmax()))
         return out
 
+    def prompt_logits(self, prompt: list[int], slot: int = 0) -> torch.Tensor:
+        """``[len(prompt), V]``: the logits at every position of ``prompt``, admitted in ``slot``
+        and prefilled in one chunk."""
+        self.add(slot, prompt)
+        return self.prefill([(slot, len(prompt))], return_all_logits=True)[0]
+
     def decode(self, steps: int, **kwargs: Any) -> None:
         """``steps`` greedy decode steps of every admitted request; other rows are padding."""
         rows = self.model.max_batch_size

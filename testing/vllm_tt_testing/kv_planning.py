@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -12,6 +13,16 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 TT_KV_CACHE_LAYOUTS = ["LBHNC"]
 """What ``TTWorker.get_supported_kv_cache_layouts`` reports."""
+
+
+def spec_view(hf_config: Any, dtype: Any, block_size: int, max_model_len: int | None = None) -> Any:
+    """What a host model's ``get_kv_cache_spec`` reads of the ``VllmConfig`` (the checkpoint's
+    transformers config, the dtype, the block size and, when given, the context length),
+    without building one."""
+    model_config = types.SimpleNamespace(hf_config=hf_config, dtype=dtype)
+    if max_model_len is not None:
+        model_config.max_model_len = max_model_len
+    return types.SimpleNamespace(model_config=model_config, cache_config=types.SimpleNamespace(block_size=block_size))
 
 
 def plan_kv_cache(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], num_blocks: int) -> KVCacheConfig:

@@ -43,3 +43,24 @@ def assert_matches_hf(hf: Any, seq: Generated, tolerance: float = 1e-4) -> float
     for step, (ours, theirs) in enumerate(zip(seq.logits, logits, strict=True)):
         torch.testing.assert_close(ours, theirs, atol=tolerance, rtol=tolerance, msg=f"step {step}")
     return max((float((a - b).abs().max()) for a, b in zip(seq.logits, logits, strict=True)), default=0.0)
+
+
+def hf_all_logits(hf: Any, prompt: list[int]) -> torch.Tensor:
+    """transformers' logits ``[len(prompt), V]`` after every prompt position."""
+    with torch.no_grad():
+        return hf(torch.tensor([prompt])).logits[0]
+
+
+def assert_every_position_matches(ours: torch.Tensor, theirs: torch.Tensor, tolerance: float = 1e-4) -> None:
+    """Logits ``[T, V]`` close at every position and the same greedy token at each."""
+    diff = (ours - theirs).abs().max().item()
+    assert diff < tolerance, diff
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def assert_mistake_shows(wrong: torch.Tensor, right: torch.Tensor, theirs: torch.Tensor, mistake: str) -> None:
+    """A plausible mistake moves the logits far past the parity tolerance and changes greedy
+    tokens, while the same path without it (``right``) stays within it."""
+    assert (wrong - theirs).abs().max().item() > 1e-2, mistake
+    assert not torch.equal(wrong.argmax(-1), theirs.argmax(-1)), mistake
+    assert (right - theirs).abs().max().item() < 1e-4

@@ -8,7 +8,6 @@ the routing or the rope split must move the outputs."""
 from __future__ import annotations
 
 import dataclasses
-import types
 from pathlib import Path
 
 import pytest
@@ -244,11 +243,9 @@ def test_lanes_on_a_galaxy_mesh_keep_separate_latents(deepseek_dir, hf_deepseek)
 
 def test_kv_cache_spec_is_one_latent_per_layer(deepseek_dir):
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    from vllm_tt_testing.kv_planning import spec_view
 
-    vllm_config = types.SimpleNamespace(
-        model_config=types.SimpleNamespace(hf_config=AutoConfig.from_pretrained(deepseek_dir), dtype=torch.float32),
-        cache_config=types.SimpleNamespace(block_size=BLOCK),
-    )
+    vllm_config = spec_view(AutoConfig.from_pretrained(deepseek_dir), torch.float32, BLOCK)
     specs = HostDeepseekV3ForCausalLM.get_kv_cache_spec(vllm_config)
     assert list(specs) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     for spec in specs.values():

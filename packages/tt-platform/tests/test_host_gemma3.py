@@ -19,9 +19,15 @@ from vllm_tt_platform.host.models import HOST_MODELS
 from vllm_tt_platform.host.models.gemma3 import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import parity_fixtures
 from vllm_tt_testing.contract_driver import ContractDriver
-from vllm_tt_testing.parity import hf_greedy, prompts
+from vllm_tt_testing.parity import (
+    assert_every_position_matches,
+    assert_mistake_shows,
+    hf_all_logits,
+    hf_greedy,
+    prompts,
+)
 
 BLOCK = 16
 NUM_BLOCKS = 128
@@ -31,23 +37,9 @@ TENSOR_IDX = (0, 1, 0)
 """Layer -> KV tensor, as vLLM's hybrid manager shares them: sliding layer 0 with full layer 2."""
 TRAIN_STEPS = 200
 
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real.
-    Built once per session: tests/e2e/test_gemma3_serve.py reuses the folder (same recipe)."""
-    return trained_checkpoint(tmp_path_factory, "gemma3", TRAIN_STEPS)
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoint):
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    config = AutoConfig.from_pretrained(checkpoint)
-    return HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
+checkpoint, hf, model = parity_fixtures("gemma3", TRAIN_STEPS, HostGemma3ForCausalLM, 4, WIDTH * BLOCK)
+"""The tiny Gemma 3 (sliding, sliding, full; window 32), trained so greedy margins are real; built
+once per session: tests/e2e/test_gemma3_serve.py reuses the folder (same recipe)."""
 
 
 def hybrid(model: HostGemma3ForCausalLM, seed: int = 0, free_outside_window: bool = True) -> ContractDriver:
@@ -62,18 +54,6 @@ def hybrid(model: HostGemma3ForCausalLM, seed: int = 0, free_outside_window: boo
     )
 
 
-def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([prompt])).logits[0]
-
-
-def all_logits(model, prompt: list[int]) -> torch.Tensor:
-    """Our logits at every prompt position, one prefill through the hybrid layout."""
-    runner = hybrid(model)
-    runner.add(0, prompt)
-    return runner.prefill([(0, len(prompt))], return_all_logits=True)[0]
-
-
 def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
     """Logits of the same weights with one config field changed (a plausible mistake)."""
     config = dataclasses.replace(model.config, **config_changes)
@@ -86,10 +66,7 @@ def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
 
 def test_prefill_logits_match_transformers_at_every_position(model, hf):
     prompt = prompts(0, 230)[0]  # 7 windows long
-    ours, theirs = all_logits(model, prompt), hf_logits(hf, prompt)
-    diff = (ours - theirs).abs().max().item()
-    assert diff < 1e-4, diff
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert_every_position_matches(hybrid(model).prompt_logits(prompt), hf_all_logits(hf, prompt))
 
 
 @pytest.mark.parametrize(
@@ -105,12 +82,8 @@ def test_plausible_mistakes_change_the_logits(model, hf, mistake, changes):
     """The parity tests above would catch each of these: they move the logits far past the
     tolerance and change greedy tokens."""
     prompt = prompts(1, 200)[0]
-    theirs = hf_logits(hf, prompt)
     wrong = wrong_logits(model, prompt, **changes(model.config))
-    assert (wrong - theirs).abs().max().item() > 1e-2, mistake
-    assert not torch.equal(wrong.argmax(-1), theirs.argmax(-1)), mistake
-    right = wrong_logits(model, prompt)
-    assert (right - theirs).abs().max().item() < 1e-4
+    assert_mistake_shows(wrong, wrong_logits(model, prompt), hf_all_logits(hf, prompt), mistake)
 
 
 def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
@@ -184,7 +157,7 @@ def test_attention_softcapping_is_ignored_like_transformers(checkpoint, model):
     ).eval()
     ours = HostGemma3ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 256)
     prompt = prompts(5, 80)[0]
-    assert (all_logits(ours, prompt) - hf_logits(hf, prompt)).abs().max().item() < 1e-4
+    assert (hybrid(ours).prompt_logits(prompt) - hf_all_logits(hf, prompt)).abs().max().item() < 1e-4
 
 
 def test_greedy_generate_parity_on_text(checkpoint, model, hf):
@@ -210,11 +183,9 @@ def test_greedy_generate_parity_on_text(checkpoint, model, hf):
 
 def test_kv_cache_spec_names_each_layer_kind(checkpoint):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm_tt_testing.kv_planning import spec_view
 
-    vllm_config = types.SimpleNamespace(
-        model_config=types.SimpleNamespace(hf_config=AutoConfig.from_pretrained(checkpoint), dtype=torch.bfloat16),
-        cache_config=types.SimpleNamespace(block_size=64),
-    )
+    vllm_config = spec_view(AutoConfig.from_pretrained(checkpoint), torch.bfloat16, 64)
     specs = HostGemma3ForCausalLM.get_kv_cache_spec(vllm_config)
     assert list(specs) == [f"model.layers.{i}.self_attn" for i in range(3)]
     assert [type(s) for s in specs.values()] == [SlidingWindowSpec, SlidingWindowSpec, FullAttentionSpec]

@@ -12,16 +12,20 @@ import types
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
-from vllm_tt_platform.host.device import HostMeshDevice
 from vllm_tt_platform.host.models import HOST_MODELS
 from vllm_tt_platform.host.models.gemma4 import Gemma4Config, Gemma4Decoder, HostGemma4ForCausalLM
 from vllm_tt_platform.host.models.shapes import HostModelInputError
-from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import parity_fixtures
 from vllm_tt_testing.contract_driver import ContractDriver
-from vllm_tt_testing.parity import assert_matches_hf, prompts
+from vllm_tt_testing.parity import (
+    assert_every_position_matches,
+    assert_matches_hf,
+    assert_mistake_shows,
+    hf_all_logits,
+    prompts,
+)
 
 BLOCK = 16
 NUM_BLOCKS = 128
@@ -32,23 +36,9 @@ STORAGE_OF_OWNER = {0: 0, 1: 1, 2: 0, 3: 2}
 disjoint blocks); the driver's sliding layers share one table, so each gets its own slot."""
 TRAIN_STEPS = 100
 
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """The tiny Gemma 4 (s s f s | s f shared; window 32), trained so greedy margins are real.
-    Built once per session: tests/e2e/test_gemma4_serve.py reuses the folder (same recipe)."""
-    return trained_checkpoint(tmp_path_factory, "gemma4", TRAIN_STEPS)
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoint):
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    config = AutoConfig.from_pretrained(checkpoint)
-    return HostGemma4ForCausalLM.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
+checkpoint, hf, model = parity_fixtures("gemma4", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK)
+"""The tiny Gemma 4 (s s f s | s f shared; window 32), trained so greedy margins are real; built
+once per session: tests/e2e/test_gemma4_serve.py reuses the folder (same recipe)."""
 
 
 def per_layer_specs(config: Gemma4Config, blocks: int = NUM_BLOCKS) -> list[tuple[tuple[int, ...], torch.dtype, int]]:
@@ -65,17 +55,6 @@ def hybrid(model: HostGemma4ForCausalLM, seed: int = 0) -> ContractDriver:
     kv = model.allocate_kv_cache_per_layer(per_layer_specs(cfg))
     windows = [cfg.window(i) for i in range(cfg.num_layers)]
     return ContractDriver(model, kv, windows, width=WIDTH, seed=seed, spoil="nan")
-
-
-def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([prompt])).logits[0]
-
-
-def all_logits(model, prompt: list[int]) -> torch.Tensor:
-    runner = hybrid(model)
-    runner.add(0, prompt)
-    return runner.prefill([(0, len(prompt))], return_all_logits=True)[0]
 
 
 def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
@@ -101,10 +80,7 @@ def test_config_reads_per_layer_kv_shapes_and_sources(model):
 
 def test_prefill_logits_match_transformers_at_every_position(model, hf):
     prompt = prompts(0, 230)[0]  # 7 windows long
-    ours, theirs = all_logits(model, prompt), hf_logits(hf, prompt)
-    diff = (ours - theirs).abs().max().item()
-    assert diff < 1e-4, diff
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert_every_position_matches(hybrid(model).prompt_logits(prompt), hf_all_logits(hf, prompt))
 
 
 @pytest.mark.parametrize(
@@ -118,11 +94,8 @@ def test_prefill_logits_match_transformers_at_every_position(model, hf):
 def test_plausible_mistakes_change_the_logits(model, hf, mistake, changes):
     """Each moves the logits far past the parity tolerance and changes greedy tokens."""
     prompt = prompts(1, 200)[0]
-    theirs = hf_logits(hf, prompt)
     wrong = wrong_logits(model, prompt, **changes(model.config))
-    assert (wrong - theirs).abs().max().item() > 1e-2, mistake
-    assert not torch.equal(wrong.argmax(-1), theirs.argmax(-1)), mistake
-    assert (wrong_logits(model, prompt) - theirs).abs().max().item() < 1e-4
+    assert_mistake_shows(wrong, wrong_logits(model, prompt), hf_all_logits(hf, prompt), mistake)
 
 
 def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
@@ -159,11 +132,9 @@ def test_shared_layers_get_their_sources_storage(model):
 
 def test_kv_cache_spec_omits_shared_layers_and_names_their_targets(checkpoint):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm_tt_testing.kv_planning import spec_view
 
-    vllm_config = types.SimpleNamespace(
-        model_config=types.SimpleNamespace(hf_config=AutoConfig.from_pretrained(checkpoint), dtype=torch.bfloat16),
-        cache_config=types.SimpleNamespace(block_size=64),
-    )
+    vllm_config = spec_view(AutoConfig.from_pretrained(checkpoint), torch.bfloat16, 64)
     specs = HostGemma4ForCausalLM.get_kv_cache_spec(vllm_config)
     assert list(specs) == [f"model.layers.{i}.self_attn" for i in range(4)]
     assert [type(s) for s in specs.values()] == [SlidingWindowSpec] * 2 + [FullAttentionSpec, SlidingWindowSpec]

@@ -7,7 +7,6 @@ the worker hands vLLM, read back through vLLM's own planning and the runner's la
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import pytest
@@ -163,17 +162,13 @@ def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
     from vllm_tt_platform.runner.kv_budget import KVBudget
     from vllm_tt_platform.runner.kv_layout import KVLayout
-    from vllm_tt_testing.kv_planning import plan_kv_cache
+    from vllm_tt_testing.kv_planning import plan_kv_cache, spec_view
     from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
 
     vllm_config = build_vllm_config(SimConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=160,
                                               block_size=BLOCK))
     config = AutoConfig.from_pretrained(qwen_dir)
-    view = types.SimpleNamespace(
-        model_config=types.SimpleNamespace(hf_config=config, dtype=torch.float32, max_model_len=160),
-        cache_config=types.SimpleNamespace(block_size=BLOCK),
-    )
-    spec = HostQwen3_5ForCausalLM.get_kv_cache_spec(view)
+    spec = HostQwen3_5ForCausalLM.get_kv_cache_spec(spec_view(config, torch.float32, BLOCK, max_model_len=160))
     assert [type(s) for s in spec.values()] == [MambaSpec] * 3 + [FullAttentionSpec]
     state = spec["model.layers.0.self_attn"]
     assert isinstance(state, MambaSpec) and state.block_size == 160 and state.mamba_cache_mode == "none"
