@@ -2,15 +2,15 @@
 
 The engine verifies vLLM's ``NgramProposer`` drafts in fixed-shape ``[rows, 1 + K]`` verify
 steps; greedy outputs must equal transformers', token for token, however many drafts are
-accepted, alone and with more requests than rows and KV blocks, with ``max_tokens`` and stop
-tokens exact.
+accepted, alone and with more requests than rows and KV blocks, under preemption with drafts in
+flight, with ``max_tokens`` and stop tokens exact.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import hf_greedy, repetitive_prompts
+from tests.e2e.helpers import assert_greedy_equal, hf_greedy, repetitive_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +58,28 @@ def test_greedy_equals_transformers_alone_and_concurrent(engine):
     drafts = metrics["vllm:spec_decode_num_draft_tokens"].value
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
     assert drafts > 0 and 0 < accepted <= drafts, (drafts, accepted)
+
+
+def _counter(llm, name: str) -> int:
+    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
+
+def test_preemption_with_drafts_in_flight_stays_exact(engine):
+    """Four rows that each grow to three KV blocks in a pool of four: vLLM preempts rows that
+    carry drafts (their drafts dropped, their KV freed) and later recomputes them, and every
+    output is still transformers'."""
+    from vllm import SamplingParams
+
+    model_dir, llm = engine
+    prompts = repetitive_prompts(llm.get_tokenizer().vocab_size)[:4]  # 30-36 tokens: one block each
+    max_tokens = 100
+    expected = hf_greedy(model_dir, prompts, max_tokens)
+    preempted = _counter(llm, "vllm:num_preemptions")
+    accepted = _counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    assert_greedy_equal(prompts, got, expected)
+    assert _counter(llm, "vllm:num_preemptions") > preempted
+    assert _counter(llm, "vllm:spec_decode_num_accepted_tokens") > accepted
 
 
 def test_max_tokens_and_stop_are_exact(engine):

@@ -46,6 +46,26 @@ def test_partial_placeholders_end_a_rows_drafts():
     assert real_drafts(out) == {"a": [5]}
 
 
+def test_a_row_resumed_onto_its_cached_prefix_prefills_without_its_placeholders():
+    """After a preemption vLLM resumes a row whose KV is still cached up to its last token as one
+    real token plus K placeholders: a prefill row of that one token, which samples the next."""
+    from vllm_tt_platform.runner.step import PrefillInputs
+
+    batch = _decoding_batch()
+    batch.update(step(preempted=["a"]))
+    out = step(cached=cached(["a"], [3], new_blocks=[([1],)], resumed={"a"}, all_tokens={"a": [1, 2, 3, 40]}),
+               scheduled={"a": 1 + K})
+    out.scheduled_spec_decode_tokens = {"a": [-1] * K}
+    batch.update(out)
+    plan = StepPlan.build(out, batch)
+    assert plan.phase is Phase.PREFILL and not real_drafts(out)
+    (row,) = plan.rows
+    assert (row.num_scheduled, row.end, row.produces_token) == (1, 4, True)
+    inputs = PrefillInputs.build(plan.rows, table_width=3, blocks_per_lane=100)
+    assert inputs.tokens.tolist() == [[1, 2, 3, 40]]
+    assert (inputs.start_pos.tolist(), inputs.prompt_lens.tolist()) == ([3], [4])
+
+
 def test_drafts_do_not_hide_a_mixed_step():
     batch = _decoding_batch()
     out = step([new("c", [6, 7, 8], [3])], cached(["a"], [3]), scheduled={"a": 1 + K, "c": 3})

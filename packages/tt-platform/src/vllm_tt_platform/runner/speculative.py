@@ -167,9 +167,8 @@ class Speculation:
         """The verify step's tokens per row (variable length: accepted drafts + one), appended
         to the rows, as vLLM's scheduler reads them; or, when a row blocks drafts, one token a
         row from the position after its last token."""
-        if self.drafts_usable(plan.rows) is not None:
-            single = StepPlan(plan.phase, [ScheduledRow(r.state, 1) for r in plan.rows])
-            return sampling.sampled(single, ModelOutput(logits=logits[:, 0]), grammar_output)
+        if self.drafts_usable(plan.rows) is not None:  # the plan's rows are one token each
+            return sampling.sampled(plan, ModelOutput(logits=logits[:, 0]), grammar_output)
         tokens = self.accept(logits, plan.rows, drafts)
         for r, row_tokens in zip(plan.rows, tokens, strict=True):
             r.state.output_token_ids.extend(row_tokens)

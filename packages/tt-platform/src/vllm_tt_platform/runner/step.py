@@ -23,6 +23,7 @@ from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
 class ScheduledRow:
     state: RequestState
     num_scheduled: int
+    """The row's own tokens in this step: vLLM's count less the drafts it scheduled for the row."""
 
     @property
     def end(self) -> int:
@@ -47,7 +48,12 @@ class StepPlan:
         Classifies with each row's record from its previous chunk, then records this chunk's
         (``RequestState.mid_prefill``) for the next step."""
         phase = step_phase(out, {s.req_id for s in batch if s.mid_prefill})
-        rows = [ScheduledRow(batch.requests[req_id], n) for req_id, n in out.num_scheduled_tokens.items()]
+        # vLLM counts a row's drafts (or placeholders) among its scheduled tokens; they are not the
+        # row's tokens: a verify step carries them apart, and a prefill row (one resumed after
+        # preemption onto its cached prefix, say) computes none of its placeholders.
+        drafts = out.scheduled_spec_decode_tokens
+        rows = [ScheduledRow(batch.requests[req_id], n - len(drafts.get(req_id, ())))
+                for req_id, n in out.num_scheduled_tokens.items()]
         for row in rows:
             row.state.mid_prefill = not row.produces_token
         return cls(phase, rows)
