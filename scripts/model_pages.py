@@ -144,6 +144,11 @@ PROOFS: tuple[Proof, ...] = (
           ("llama", "gemma3"), "a [rows, 1 + K] verify step gives, at every position, the logits and KV of plain decode steps"),
     Proof("supports_verify_decode", f"{_E2E}/test_spec_decode.py::test_greedy_equals_transformers_alone_and_concurrent",
           ("llama",), "n-gram speculation through vllm.LLM generates what transformers does; drafts are accepted"),
+    Proof("supports_verify_decode", f"{_E2E}/test_spec_decode.py::test_preemption_with_drafts_in_flight_stays_exact",
+          ("llama",), "rows preempted under KV pressure with drafts in flight still generate what transformers does"),
+    Proof("supports_verify_decode",
+          f"{_E2E}/test_spec_decode_lanes_serve.py::test_concurrent_greedy_in_lanes_equals_transformers",
+          ("llama",), "n-gram speculation in 4 lanes (TG) through vllm serve: concurrent greedy clients equal transformers"),
     Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
           ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
 )
