@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from vllm_tt_testing.tiny_gemma3_vl import MM_TOKENS, build_tiny_gemma3_vl
+from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e.helpers import serve
 from tests.e2e.vl_chat import chat_body, chat_text, hf_generate, image_parts, images
@@ -78,23 +79,32 @@ def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) ->
     return ends
 
 
-def test_llm_generate_with_images_equals_transformers_chunked(gemma3_vl_checkpoint, hf_gemma3_vl, tmp_path,
-                                                              monkeypatch):
+@pytest.fixture(scope="module")
+def gemma3_vl_llm(gemma3_vl_checkpoint, tmp_path_factory):
+    """One ``vllm.LLM`` engine (4 rows, 32-token step budget) and its scheduler step trace."""
+    from vllm import LLM
+
+    trace = tmp_path_factory.mktemp("gemma3-vl-steps") / "steps.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TT_STEP_TRACE", str(trace))
+        llm = LLM(model=str(gemma3_vl_checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
+                  max_num_batched_tokens=CHUNK, enable_chunked_prefill=True, limit_mm_per_prompt={"image": 2},
+                  seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+    yield llm, trace
+    del llm
+
+
+def test_llm_generate_with_images_equals_transformers_chunked(gemma3_vl_llm, hf_gemma3_vl):
     """Seven mixed requests on 4 decode rows with a 32-token step budget: every prompt with
     two images is prefilled in chunks, each chunk ending outside the images."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    trace_path = tmp_path / "steps.jsonl"
-    monkeypatch.setenv("TT_STEP_TRACE", str(trace_path))
-    llm = LLM(model=str(gemma3_vl_checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
-              max_num_batched_tokens=CHUNK, enable_chunked_prefill=True, limit_mm_per_prompt={"image": 2},
-              seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+    llm, trace_path = gemma3_vl_llm
     processor = hf_gemma3_vl[1]
     prompts = [{"prompt": chat_text(processor, len(k)), **({"multi_modal_data": {"image": images(k)}} if k else {})}
                for k in REQUESTS]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     results = llm.generate(prompts, params, use_tqdm=False)
-    del llm
     want = expected(hf_gemma3_vl)
     got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
     assert [g[0] for g in got] == [e[0] for e in want], "vLLM's expanded prompt ids equal HF's"
@@ -114,6 +124,36 @@ def test_llm_generate_with_images_equals_transformers_chunked(gemma3_vl_checkpoi
         assert not [e for e in ends for first, stop in runs if first < e < stop], (kinds, ends, runs)
         chunked += len(ends) > 1
     assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
+
+
+LONG_QUESTION = " ".join([QUESTION] * 8)
+"""Two images and this question make a prompt longer than vLLM's KV block group (64 tokens)."""
+
+
+def test_prefix_cache_reuses_only_the_same_images(gemma3_vl_llm, hf_gemma3_vl):
+    """A long two-image prompt sent again hits vLLM's prefix cache (it hashes the image
+    content) past both images (vLLM 0.33 then sends no pixels for them) and still equals HF;
+    the same text with other images reuses no block holding an image and equals HF. (With
+    this long question the tiny model's answer no longer depends on the image.)"""
+    from vllm import SamplingParams
+
+    llm = gemma3_vl_llm[0]
+    processor = hf_gemma3_vl[1]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = [((2, 0), 3), ((2, 0), 3), ((1, 3), 4)]
+    results = [llm.generate([{"prompt": chat_text(processor, 2, LONG_QUESTION),
+                              "multi_modal_data": {"image": images(kinds, salt)}}], params, use_tqdm=False)[0]
+               for kinds, salt in runs]
+    want = [hf_generate(hf_gemma3_vl, kinds, MAX_TOKENS, salt, nested=True, question=LONG_QUESTION)
+            for kinds, salt in runs]
+    assert [list(r.prompt_token_ids) for r in results] == [w[0] for w in want]
+    assert [list(r.outputs[0].token_ids) for r in results] == [w[1] for w in want]
+    image_token = hf_gemma3_vl[0].config.image_token_id
+    last_image_token = max(i for i, t in enumerate(want[0][0]) if t == image_token)
+    cached = [r.num_cached_tokens for r in results]
+    assert cached[1] > last_image_token, (cached, last_image_token)
+    first_image_token = want[2][0].index(image_token)
+    assert cached[2] <= first_image_token, (cached, first_image_token)
 
 
 def test_serve_chat_with_base64_images_equals_transformers(gemma3_vl_checkpoint, hf_gemma3_vl, tmp_path):

@@ -18,12 +18,13 @@ def images(kinds: tuple[int, ...], salt: int = 0) -> list[Any]:
     return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k)) for i, k in enumerate(kinds)]
 
 
-def chat_text(processor: Any, count: int) -> str:
-    return processor.apply_chat_template(user_message(count, QUESTION), add_generation_prompt=True, tokenize=False)
+def chat_text(processor: Any, count: int, question: str = QUESTION) -> str:
+    return processor.apply_chat_template(user_message(count, question), add_generation_prompt=True, tokenize=False)
 
 
 def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int, salt: int = 0, *,
-                nested: bool = False, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+                nested: bool = False, add_special_tokens: bool = True,
+                question: str = QUESTION) -> tuple[list[int], list[int]]:
     """HF's (prompt ids, greedy new tokens) for the chat prompt with these images. ``nested``:
     the processor takes one list of images per prompt (Gemma 3); ``add_special_tokens`` off
     tokenizes as a chat endpoint does (the rendered template already holds bos)."""
@@ -31,7 +32,7 @@ def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int,
 
     model, processor = hf_vl
     pictures = images(kinds, salt)
-    inputs = processor(text=[chat_text(processor, len(kinds))],
+    inputs = processor(text=[chat_text(processor, len(kinds), question)],
                        images=([pictures] if nested else pictures) if pictures else None,
                        return_tensors="pt", add_special_tokens=add_special_tokens)
     with torch.no_grad():

@@ -249,6 +249,22 @@ def test_chunked_prefill_and_prefix_start(model, hf, sent):
                                expected, atol=1e-4, rtol=1e-4)
 
 
+def test_prefix_hit_past_an_image_without_its_pixels(model, hf):
+    """vLLM sends no pixels for an image inside the prefix-cache hit (None in its place): the
+    later image still maps to its own placeholder run, and the logits equal HF's."""
+    ids, pixels = prompt(13, [5, 8, 6]), images(14, 2)
+    expected = hf_logits(hf, ids, pixels)[-1]
+    runner = Runner(model)
+    runner.prefill([(0, ids, 0, len(ids))], [[pixels[:1], pixels[1:]]])
+    cached = 5 + 1 + MM_TOKENS + 3  # past the first image, before the second
+    got = runner.prefill([(0, ids, cached, len(ids))], [[None, pixels[1:]]])[0, -1]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    other = hf_logits(hf, ids, torch.cat([pixels[1:], pixels[:1]]))[-1]
+    assert (other - expected).abs().max() > 0.1  # the wrong image would show
+    with pytest.raises(HostModelInputError, match=r"runs \[1\] are computed from position 10"):
+        runner.prefill([(0, ids, 10, len(ids))], [[pixels[:1], None]])
+
+
 def test_bad_image_inputs_are_refused(model):
     ids = prompt(12, [4, 4])
     runner = Runner(model)

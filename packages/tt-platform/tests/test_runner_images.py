@@ -5,6 +5,7 @@ for the model; real vLLM scheduler-output and multimodal types drive the runner.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -185,6 +186,24 @@ def test_every_prefill_chunk_of_a_row_carries_all_its_images(vllm_config):
     assert len(first["pixel_values"][0]) == len(second["pixel_values"][0]) == 2, (
         "a later chunk's positions depend on the images before it"
     )
+
+
+def test_an_image_inside_the_prefix_cache_hit_comes_without_data_and_is_sent_as_none(vllm_config):
+    """vLLM strips the data of an image whose tokens the prefix-cache hit covers
+    (strip_covered_mm_data); the row still gets one entry per image, None for that one. An
+    image the pass computes without data stays an error."""
+    runner = make_runner(vllm_config, ImageRecorder)
+    covered = dataclasses.replace(image(2, 1), data=None)
+    request = vl_request("two", PROMPT_2, [3], [covered, image(3, 6)])
+    request.num_computed_tokens = 5
+    run(runner, scheduler_output([request], scheduled={"two": len(PROMPT_2) - 5}))
+    (call,) = recorder(runner).called("prefill_forward")
+    assert call["pixel_values"][0][0] is None and int(call["pixel_values"][0][1][0, 0]) == 3
+    assert call["image_grid_thw"][0][0] is None
+    late = vl_request("late", PROMPT_2, [4], [image(2, 1), dataclasses.replace(image(3, 6), data=None)])
+    late.num_computed_tokens = 5
+    with pytest.raises(MultimodalInputError, match="'late' image 1 reached the runner without its processed data"):
+        runner.execute_model(scheduler_output([late], scheduled={"late": len(PROMPT_2) - 5}))
 
 
 def test_mrope_deltas_are_kept_per_request_and_sent_by_slot_on_decode(vllm_config):

@@ -166,7 +166,9 @@ known ones; a processor's other keys are passed the same way).
 Each is a list with one entry per row, in the call's row order: ``None`` for a row without
 images, else a list with one entry per image of the request, in prompt order (every image, on
 every prefill pass of the row: a later chunk or a resume needs them for its positions), each
-that image's tensor (``None`` if its processor output lacks the key). Qwen2.5-VL:
+that image's tensor (``None`` if its processor output lacks the key, or vLLM did not send it:
+an image inside the request's prefix-cache hit comes without data, an mRoPE model's keeps only
+its CPU-side keys such as ``image_grid_thw``). Qwen2.5-VL:
 ``pixel_values`` ``[patches, C*T*P*P]`` (uint8 unless ``--mm-device-do-normalize false``) and
 ``image_grid_thw`` int64 ``[3]``, ``(t, h, w)`` in patches. Gemma 3: ``pixel_values``
 ``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``."""

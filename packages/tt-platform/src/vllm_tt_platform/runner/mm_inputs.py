@@ -26,7 +26,8 @@ class MultimodalInputError(RuntimeError):
 def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[Any] | None]]:
     """``{key: [row entry, ...]}`` for the prefill rows ``states`` (call order): ``None`` for a
     row without images, else one tensor per image (``None`` where that image's processor output
-    has no such key). Empty when no row has an image: text-only steps send nothing."""
+    has no such key, or vLLM did not send it: an image inside the prefix-cache hit comes without
+    data). Empty when no row has an image: text-only steps send nothing."""
     rows: list[list[Any] | None] = []
     keys: dict[str, None] = {}  # insertion-ordered set
     for state in states:
@@ -54,6 +55,11 @@ def _image_data(state: RequestState, index: int, feature: Any) -> Any:
             f"{', '.join(SERVED_MODALITIES)} only"
         )
     if feature.data is None:
+        position = feature.mm_position
+        if position.offset + position.length <= state.num_computed_tokens:
+            # vLLM strips the data of an image inside the request's prefix-cache hit
+            # (strip_covered_mm_data): its tokens are in the KV cache, no pass computes them.
+            return {}
         raise MultimodalInputError(
             f"request {state.req_id!r} image {index} reached the runner without its processed data "
             "(vLLM's engine-side multimodal cache should have filled it in)"

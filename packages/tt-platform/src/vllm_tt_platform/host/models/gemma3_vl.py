@@ -133,12 +133,14 @@ class Gemma3VLDecoder(Gemma3Decoder):
         """``[crops, channels, size, size]`` -> ``[crops, mm_tokens_per_image, hidden]``."""
         return self.projector(self.tower(pixel_values))
 
-    def inserts(self, ids: torch.Tensor, start: int, crops: torch.Tensor | None, row: int) -> PrefillInserts | None:
+    def inserts(self, ids: torch.Tensor, start: int, crops: list[torch.Tensor | None] | None,
+                row: int) -> PrefillInserts | None:
         """Row ``row``'s images for computing ``[start, len(ids))``: ``ids`` is its token
-        history up to the chunk end, ``crops`` its images' crops in prompt order (None: no
-        images sent). The runner sends all of the request's images (the contract has no
-        encoder cache), or only those the chunk computes; an image whose placeholder run the
-        chunk end cuts is an error. Only the images the chunk computes run the vision tower."""
+        history up to the chunk end, ``crops`` its images' crops ``[c, h, w]`` in prompt order
+        (None: no images sent; a None crop: an image inside the prefix-cache hit, sent without
+        data). The runner sends all of the request's images (the contract has no encoder
+        cache), or only those the chunk computes; an image whose placeholder run the chunk end
+        cuts is an error. Only the images the chunk computes run the vision tower."""
         runs = image_runs(ids, self.config.image_token_id)
         wanted = self.config.mm_tokens_per_image
         for first, stop in runs:
@@ -149,7 +151,7 @@ class Gemma3VLDecoder(Gemma3Decoder):
                     "image: the runner must not split one across prefill chunks)"
                 )
         live = [k for k, (_, stop) in enumerate(runs) if stop > start]
-        count = 0 if crops is None else crops.shape[0]
+        count = 0 if crops is None else len(crops)
         if count >= len(runs):  # all images so far (and maybe later ones), in prompt order
             crop_of = live
         elif count == len(live):  # the chunk's images only
@@ -161,7 +163,13 @@ class Gemma3VLDecoder(Gemma3Decoder):
             )
         if crops is None or not live:
             return None
-        features = self.image_features(crops[crop_of])
+        missing = [k for k, c in zip(live, crop_of, strict=True) if crops[c] is None]
+        if missing:
+            raise HostModelInputError(
+                f"prefill row {row}: image placeholder runs {missing} are computed from position {start} "
+                "but their pixel values were not sent"
+            )
+        features = self.image_features(torch.stack([t for t in (crops[c] for c in crop_of) if t is not None]))
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
         for k, crop in zip(live, features, strict=True):
@@ -180,26 +188,35 @@ def image_runs(ids: torch.Tensor, image_token_id: int) -> list[tuple[int, int]]:
     return list(zip(edges[::2], edges[1::2], strict=True))
 
 
-def row_crops(pixel_values: Any, rows: int) -> list[torch.Tensor | None]:
+def row_crops(pixel_values: Any, rows: int) -> list[list[torch.Tensor | None] | None]:
     """The runner's ``pixel_values`` (a list over rows, each None or a list of per-image
-    tensors ``[crops, c, h, w]`` or ``[c, h, w]``) -> per row, all its crops or None."""
+    tensors ``[crops, c, h, w]`` or ``[c, h, w]``, None for an image inside the prefix-cache
+    hit) -> per row, its crops ``[c, h, w]`` in prompt order (None: one crop without data), or None."""
     if pixel_values is None:
         return [None] * rows
     if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != rows:
         raise HostModelInputError(f"pixel_values must be a list of {rows} rows (None for text-only rows)")
-    out: list[torch.Tensor | None] = []
+    out: list[list[torch.Tensor | None] | None] = []
     for row, images in enumerate(pixel_values):
         if images is None or (isinstance(images, (list, tuple)) and not images):
             out.append(None)
             continue
-        tensors = [torch.as_tensor(t) for t in (images if isinstance(images, (list, tuple)) else [images])]
-        tensors = [t[None] if t.dim() == 3 else t for t in tensors]
-        if any(t.dtype == torch.uint8 for t in tensors):
+        tensors = [None if t is None else torch.as_tensor(t)
+                   for t in (images if isinstance(images, (list, tuple)) else [images])]
+        tensors = [t[None] if t is not None and t.dim() == 3 else t for t in tensors]
+        if any(t is not None and t.dtype == torch.uint8 for t in tensors):
             raise HostModelInputError(
                 f"pixel_values of row {row} are uint8; Gemma 3 takes the image processor's normalised "
                 "floats (serve with --mm-device-do-normalize false)"
             )
-        out.append(torch.cat([t.to(torch.float32) for t in tensors]))
+        if None in tensors and any(t is not None and t.shape[0] > 1 for t in tensors):
+            raise HostModelInputError(
+                f"pixel_values of row {row}: an image inside the prefix-cache hit came without data, and "
+                "pan-and-scan crops make its share of the placeholder runs unknown (serve with "
+                "--no-enable-prefix-caching, or without do_pan_and_scan)"
+            )
+        out.append([None if t is None else crop.to(torch.float32) for t in tensors
+                    for crop in ([None] if t is None else t)])
     return out
 
 
