@@ -215,8 +215,10 @@ def row_crops(pixel_values: Any, rows: int) -> list[list[torch.Tensor | None] | 
                 "pan-and-scan crops make its share of the placeholder runs unknown (serve with "
                 "--no-enable-prefix-caching, or without do_pan_and_scan)"
             )
-        out.append([None if t is None else crop.to(torch.float32) for t in tensors
-                    for crop in ([None] if t is None else t)])
+        crops: list[torch.Tensor | None] = []
+        for t in tensors:
+            crops.extend([None] if t is None else list(t.to(torch.float32)))
+        out.append(crops)
     return out
 
 
