@@ -160,17 +160,21 @@ class Runner:
         self.kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, 2)
         self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
 
-    def prefill(self, rows: list[tuple[int, list[int], int, int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(slot, ids, start, end, image seeds)`` per row; returns (logits [B, V], deltas)."""
+    def prefill(self, rows: list[tuple[int, list[int], int, int, list[int | None]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slot, ids, start, end, image seeds)`` per row (a None seed: an image inside the
+        prefix-cache hit, its grid sent without pixels); returns (logits [B, V], deltas)."""
         tokens = torch.zeros(len(rows), max(len(r[1]) for r in rows), dtype=torch.int32)
         for i, (_, ids, *_) in enumerate(rows):
             tokens[i, : len(ids)] = torch.tensor(ids)
-        pixels = [[pixels_u8(s, GRIDS[k]) for k, s in enumerate(seeds)] or None for *_, seeds in rows]
+        pixels = [[None if s is None else pixels_u8(s, GRIDS[k]) for k, s in enumerate(seeds)] or None
+                  for *_, seeds in rows]
         grids = [[torch.tensor(GRIDS[k]) for k in range(len(seeds))] or None for *_, seeds in rows]
+        sent = any(p is not None for row in pixels for p in row or [])
+        images = {"pixel_values": pixels} if sent else {}  # as the runner: no key no image of the call has
         out, deltas = self.model.prefill_forward(
             tokens=tokens, page_table=self.table[[r[0] for r in rows]], kv_cache=self.kv,
             prompt_lens=[r[3] for r in rows], start_pos=[r[2] for r in rows], empty_slots=[r[0] for r in rows],
-            pixel_values=pixels, image_grid_thw=grids,
+            image_grid_thw=grids, **images,
         )
         return out[:, -1], deltas
 
@@ -221,6 +225,25 @@ def test_chunked_prefill_continues_after_an_image_with_its_positions(hf, model):
     assert torch.allclose(first[0], ref[cut - 1], atol=1e-4)
     assert torch.allclose(last[0], ref[-1], atol=1e-4), (last[0] - ref[-1]).abs().max()
     assert deltas.tolist() == [(4 - 16) + (3 - 6)]
+
+
+def test_prefix_hit_past_images_sent_without_pixels(hf, model):
+    """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
+    the tokens after it still take their mRoPE positions from its grid, the later image runs its
+    tower, and the logits and delta equal HF's; without any pixels in the call (both images
+    cached) the same holds. An image the pass computes without pixels is refused."""
+    runner = Runner(model)
+    ids = prompt(6, [3, 5, 4])
+    ref, delta = hf_logits(hf, ids, [8, 9])[-1], (4 - 16) + (3 - 6)
+    runner.prefill([(3, ids, 0, len(ids), [8, 9])])
+    past_first = 3 + 1 + 16 + 1 + 2  # inside the text between the images
+    past_both = len(ids) - 2
+    for start, seeds in ((past_first, [None, 9]), (past_both, [None, None])):
+        got, deltas = runner.prefill([(3, ids, start, len(ids), seeds)])
+        assert torch.allclose(got[0], ref, atol=1e-4), (start, (got[0] - ref).abs().max())
+        assert deltas.tolist() == [delta]
+    with pytest.raises(HostModelInputError, match=r"row 0: image placeholder runs \[1\] are computed from position 23"):
+        runner.prefill([(3, ids, past_first, len(ids), [8, None])])
 
 
 def test_different_images_change_the_logits(model):

@@ -163,13 +163,8 @@ class Gemma3VLDecoder(Gemma3Decoder):
             )
         if crops is None or not live:
             return None
-        missing = [k for k, c in zip(live, crop_of, strict=True) if crops[c] is None]
-        if missing:
-            raise HostModelInputError(
-                f"prefill row {row}: image placeholder runs {missing} are computed from position {start} "
-                "but their pixel values were not sent"
-            )
-        features = self.image_features(torch.stack([t for t in (crops[c] for c in crop_of) if t is not None]))
+        computed = computed_pixels({k: crops[c] for k, c in zip(live, crop_of, strict=True)}, row, start)
+        features = self.image_features(torch.stack(computed))
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
         for k, crop in zip(live, features, strict=True):
@@ -186,6 +181,20 @@ def image_runs(ids: torch.Tensor, image_token_id: int) -> list[tuple[int, int]]:
     is_image = torch.cat((torch.tensor([False]), ids == image_token_id, torch.tensor([False])))
     edges = (is_image[1:].int() - is_image[:-1].int()).nonzero().flatten().tolist()
     return list(zip(edges[::2], edges[1::2], strict=True))
+
+
+def computed_pixels(pixels: dict[int, torch.Tensor | None], row: int, start: int) -> list[torch.Tensor]:
+    """The pixels of the images a prefill pass of row ``row`` computes from position ``start``
+    (``{placeholder run: pixels}``), in order. vLLM sends an image inside the prefix-cache hit
+    without data (None), but no pass computes such an image: one it does compute must have its
+    pixels."""
+    missing = [k for k, p in pixels.items() if p is None]
+    if missing:
+        raise HostModelInputError(
+            f"prefill row {row}: image placeholder runs {missing} are computed from position {start} "
+            "but their pixel values were not sent"
+        )
+    return [p for p in pixels.values() if p is not None]
 
 
 def row_crops(pixel_values: Any, rows: int) -> list[list[torch.Tensor | None] | None]:

@@ -12,7 +12,9 @@ away from its length; decode rotates token ``p`` at ``p + rope_delta`` (the cont
 Images: each image's pixel values run through the vision tower (``qwen2_5_vl_vision``) and its
 merged patch vectors replace the embeddings of its placeholder tokens. A prefill pass (a chunk,
 a resume, a prefix-cache hit) gets all the row's images and computes the towers of those whose
-placeholders it covers; the positions of a later chunk come from the images before it.
+placeholders it covers; the positions of a later chunk come from the images before it, so
+from their grids alone: vLLM sends an image inside the prefix-cache hit with its
+``image_grid_thw`` but no pixels.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from vllm_tt_platform.host.models.checkpoint import (
 )
 from vllm_tt_platform.host.models.config import DecoderConfig, model_name
 from vllm_tt_platform.host.models.decoder import HostDecoder, PrefillInserts
-from vllm_tt_platform.host.models.gemma3_vl import image_runs
+from vllm_tt_platform.host.models.gemma3_vl import computed_pixels, image_runs
 from vllm_tt_platform.host.models.generator import HostCausalLM
 from vllm_tt_platform.host.models.inputs import PrefillRow
 from vllm_tt_platform.host.models.qwen2_5_vl_vision import (
@@ -144,18 +146,21 @@ class MropeInserts(PrefillInserts):
 class RowImages:
     """One prefill row's images as the runner sent them, in prompt order."""
 
-    pixels: list[torch.Tensor]
+    pixels: list[torch.Tensor | None]
+    """None: an image inside the prefix-cache hit (vLLM keeps only its grid)."""
     grids: list[tuple[int, int, int]]
 
     @classmethod
     def of(cls, pixel_values: Any, grid_thw: Any, rows: int) -> list[RowImages]:
         out = []
         for row in range(rows):
-            pixels = _row_list(pixel_values, row, rows, "pixel_values")
             grids = _row_list(grid_thw, row, rows, "image_grid_thw")
+            # No pixel_values at all: every image of the call is inside its row's prefix-cache hit.
+            pixels = [None] * len(grids) if pixel_values is None else _row_list(pixel_values, row, rows,
+                                                                                  "pixel_values")
             if len(pixels) != len(grids):
                 raise HostModelInputError(f"row {row}: {len(pixels)} pixel_values but {len(grids)} image_grid_thw")
-            out.append(cls([torch.as_tensor(p) for p in pixels], [_grid(g, row) for g in grids]))
+            out.append(cls([None if p is None else torch.as_tensor(p) for p in pixels], [_grid(g, row) for g in grids]))
         return out
 
 
@@ -225,15 +230,17 @@ class Qwen25VLDecoder(HostDecoder):
         with self.mrope.shifted(self.slot_deltas):
             return super().decode(tokens, positions, page_tables, kv, rows_per_lane)
 
-    def row_inserts(self, ids: torch.Tensor, start: int, images: RowImages, run_tower: bool = True) -> MropeInserts:
-        """Row inputs for computing ``[start, len(ids))`` of the token history ``ids``
+    def row_inserts(self, ids: torch.Tensor, start: int, images: RowImages, row: int,
+                    run_tower: bool = True) -> MropeInserts:
+        """Row ``row``'s inputs for computing ``[start, len(ids))`` of the token history ``ids``
         (``run_tower`` false: positions only, for synthetic tokens)."""
         positions, runs = mrope_positions(ids, images.grids, self.config)
+        live = [k for k, (_, stop) in enumerate(runs) if stop > start and run_tower]  # others: KV cached
+        pixels = computed_pixels({k: images.pixels[k] for k in live}, row, start)
         index, vectors = [], []
-        for (first, stop), pixels, grid in zip(runs, images.pixels, images.grids, strict=False):
-            if stop <= start or not run_tower:
-                continue  # its KV is already in the cache
-            features = self.tower(pixels, grid)
+        for k, image_pixels in zip(live, pixels, strict=True):
+            (first, stop), grid = runs[k], images.grids[k]
+            features = self.tower(image_pixels, grid)
             lo = max(first, start)
             index.append(torch.arange(lo, stop) - start)
             vectors.append(features[lo - first:])
@@ -295,7 +302,7 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:
         images = RowImages.of(kwargs.get("pixel_values"), kwargs.get("image_grid_thw"), len(rows))
-        inserts = [self.decoder.row_inserts(tokens[i, : row.end].long(), row.start, images[i],
+        inserts = [self.decoder.row_inserts(tokens[i, : row.end].long(), row.start, images[i], i,
                                             run_tower=self.synthetic is None)
                    for i, row in enumerate(rows)]
         self._call_deltas = [i.delta for i in inserts]
