@@ -2,8 +2,9 @@
 runner's prefill path (vLLM's processor, uint8 pixels, mRoPE deltas on decode), greedy outputs
 equal transformers' generate() for text-only, one-image and two-image requests running side
 by side, under KV pressure that preempts and resumes them; and through ``vllm serve`` with
-OpenAI chat requests carrying base64 ``image_url`` data URLs, where video, audio, too many
-images and undecodable bytes are answered with a 400 and the server keeps serving."""
+OpenAI chat requests carrying base64 ``image_url`` data URLs, where a long image prompt sent
+again is served from the prefix cache past its image, and video, audio, too many images and
+undecodable bytes are answered with a 400 and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.e2e
 REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
 """Image kinds per request; two of one kind use different seeds (different pixels)."""
 MAX_TOKENS = 24
+LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
+"""With one image this question makes a prompt more than a 64-token block longer than the image's end."""
 
 
 @pytest.fixture(scope="session")
@@ -40,10 +43,11 @@ def hf_vl(qwen_vl_checkpoint):
     return model, AutoProcessor.from_pretrained(qwen_vl_checkpoint)
 
 
-def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False) -> tuple[list[int], list[int]]:
+def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False,
+                question: str = vl_chat.QUESTION) -> tuple[list[int], list[int]]:
     """HF's (prompt ids, greedy new tokens); ``chat``: tokenized as a chat endpoint does (no bos
     added to the rendered template)."""
-    return vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, salt, add_special_tokens=not chat)
+    return vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, salt, add_special_tokens=not chat, question=question)
 
 
 def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_checkpoint, hf_vl):
@@ -73,8 +77,8 @@ def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_c
     assert by_kinds[(0,)] != by_kinds[(1,)] and by_kinds[(0,)] != by_kinds[()], "the image decides the answer"
 
 
-def chat_body(model: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return vl_chat.chat_body(model, parts, MAX_TOKENS)
+def chat_body(model: str, parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> dict[str, Any]:
+    return vl_chat.chat_body(model, parts, MAX_TOKENS, question)
 
 
 WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"
@@ -88,16 +92,20 @@ BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
 
 
 def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(qwen_vl_checkpoint, hf_vl, tmp_path):
+    """Also: a long one-image prompt sent twice; vLLM hashes the image into the block hashes,
+    so the second hits the prefix cache past the image (vLLM 0.33 then sends only its
+    ``image_grid_thw``, which the positions after it need) and both equal HF."""
     model = str(qwen_vl_checkpoint)
     log = tmp_path / "serve.log"
     with serve(qwen_vl_checkpoint, "--max-model-len", "512", "--max-num-seqs", "4",
-               "--limit-mm-per-prompt", '{"image": 2}', log=log) as url:
+               "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", log=log) as url:
 
-        def chat(parts: list[dict[str, Any]]) -> httpx.Response:
-            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts), timeout=300)
+        def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, question), timeout=300)
 
         with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
+        repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
         refusals = {}
         for name, parts in BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
@@ -115,3 +123,12 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         assert response.json()["error"]["message"], name
     assert "At most 0 video(s)" in refusals["video"].json()["error"]["message"]
     assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
+    prompt, tokens = hf_generate(hf_vl, (2,), 13, chat=True, question=LONG_QUESTION)
+    for response in repeated:
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+        assert response.json()["prompt_token_ids"] == prompt
+        assert response.json()["choices"][0]["token_ids"] == tokens
+    image_token = hf_vl[0].config.image_token_id
+    last_image_token = max(i for i, t in enumerate(prompt) if t == image_token)
+    cached = repeated[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > last_image_token, (cached, last_image_token, len(prompt))

@@ -47,9 +47,9 @@ def data_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def chat_body(model: str, parts: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+def chat_body(model: str, parts: list[dict[str, Any]], max_tokens: int, question: str = QUESTION) -> dict[str, Any]:
     """A greedy chat request (image parts, then the question) that returns its token ids."""
-    return {"model": model, "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
+    return {"model": model, "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}],
             "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 
 
