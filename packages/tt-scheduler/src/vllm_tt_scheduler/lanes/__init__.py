@@ -3,8 +3,8 @@
 ``coordinator`` (``TTLaneCoordinator``, the ``scheduler_cls`` in lane mode) drives the lanes of
 ``member``, merges their outputs (``merge``) and results (``results``), routes the runner's
 drafts to each row's lane (``drafts``) and writes the lane step trace (``trace``). ``shape`` is
-the lane contract with the platform: the ``tt`` keys the platform records (``LaneShape``) and the lane numbering of block
-ids (``BlockNumbering``).
+the lane contract with the platform: the ``tt`` keys the platform records (``LaneShape``) and
+the lane numbering of block ids (``BlockNumbering``).
 
 Imports: vLLM and this package's phase-scheduler modules (``scheduler``, ``phase``, ``policy``,
 ``carry``, ``compat``, ``trace``, ``envs``); never the other way: the phase scheduler knows nothing
