@@ -4,7 +4,7 @@ model's prefill (SigLIP tower, projector, bidirectional attention over each imag
 window shorter than an image), and greedy outputs equal transformers' generate() for text-only,
 one-image and two-image requests side by side, through ``vllm.LLM`` with ``multi_modal_data``
 (prompts chunked at 32 tokens, never inside an image) and through ``vllm serve`` with OpenAI
-chat requests carrying base64 ``image_url`` data URLs. The tiny checkpoint is trained so that
+chat requests carrying base64 ``image_url`` data URLs in lane mode. The tiny checkpoint is trained so that
 the image decides the answer: different images give HF's different answers."""
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from vllm_tt_testing.tiny_gemma3_vl import MM_TOKENS, build_tiny_gemma3_vl
 from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e.helpers import serve
-from tests.e2e.vl_chat import chat_body, chat_text, hf_generate, image_parts, images
+from tests.e2e.vl_chat import (
+    assert_every_lane_prefilled_an_image,
+    chat_body,
+    chat_text,
+    hf_generate,
+    image_parts,
+    images,
+    lane_serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -157,12 +165,14 @@ def test_prefix_cache_reuses_only_the_same_images(gemma3_vl_llm, hf_gemma3_vl):
 
 
 def test_serve_chat_with_base64_images_equals_transformers(gemma3_vl_checkpoint, hf_gemma3_vl, tmp_path):
-    """Seven concurrent OpenAI chat requests (text only, one and two images) equal HF, prompt
-    ids included; a third image is refused with a 400 and the next request is served."""
+    """In lane mode (2 lanes of 4 rows): seven concurrent OpenAI chat requests (text only, one
+    and two images) equal HF, prompt ids included, and images are prefilled in both lanes; a
+    third image is refused with a 400 and the next request is served."""
     model = str(gemma3_vl_checkpoint)
-    log = tmp_path / "serve.log"
-    with serve(gemma3_vl_checkpoint, "--max-model-len", "256", "--max-num-seqs", "4",
-               "--limit-mm-per-prompt", '{"image": 2}', log=log) as url:
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    lane_args, lane_env = lane_serve(4, trace)
+    with serve(gemma3_vl_checkpoint, "--max-model-len", "256", *lane_args, "--limit-mm-per-prompt", '{"image": 2}',
+               env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]]) -> httpx.Response:
             return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS), timeout=300)
@@ -183,3 +193,4 @@ def test_serve_chat_with_base64_images_equals_transformers(gemma3_vl_checkpoint,
     assert_image_decides(got)
     assert after.json()["choices"][0]["token_ids"] == got[REQUESTS.index((3,))]
     assert too_many.status_code == 400 and "At most 2 image(s)" in too_many.json()["error"]["message"]
+    assert_every_lane_prefilled_an_image(trace, log, 4, len(bodies[REQUESTS.index(())]["prompt_token_ids"]))

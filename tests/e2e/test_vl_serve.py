@@ -2,9 +2,10 @@
 runner's prefill path (vLLM's processor, uint8 pixels, mRoPE deltas on decode), greedy outputs
 equal transformers' generate() for text-only, one-image and two-image requests running side
 by side, under KV pressure that preempts and resumes them; and through ``vllm serve`` with
-OpenAI chat requests carrying base64 ``image_url`` data URLs, where a long image prompt sent
-again is served from the prefix cache past its image, and video, audio, too many images and
-undecodable bytes are answered with a 400 and the server keeps serving."""
+OpenAI chat requests carrying base64 ``image_url`` data URLs in lane mode (mRoPE deltas over
+every lane's rows), where a long image prompt sent again is served from the prefix cache past
+its image, and video, audio, too many images and undecodable bytes are answered with a 400 and
+the server keeps serving."""
 
 from __future__ import annotations
 
@@ -92,13 +93,16 @@ BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
 
 
 def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(qwen_vl_checkpoint, hf_vl, tmp_path):
-    """Also: a long one-image prompt sent twice; vLLM hashes the image into the block hashes,
-    so the second hits the prefix cache past the image (vLLM 0.33 then sends only its
-    ``image_grid_thw``, which the positions after it need) and both equal HF."""
+    """In lanes: image requests are prefilled in both lanes and each decode step sends the
+    mRoPE deltas of every lane's rows. Also: a long one-image prompt sent twice (both go to
+    lane 0, the least loaded); vLLM hashes the image into the block hashes, so the second hits
+    the prefix cache past the image (vLLM 0.33 then sends only its ``image_grid_thw``, which
+    the positions after it need) and both equal HF."""
     model = str(qwen_vl_checkpoint)
-    log = tmp_path / "serve.log"
-    with serve(qwen_vl_checkpoint, "--max-model-len", "512", "--max-num-seqs", "4",
-               "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", log=log) as url:
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    lane_args, lane_env = vl_chat.lane_serve(4, trace)
+    with serve(qwen_vl_checkpoint, "--max-model-len", "512", *lane_args, "--limit-mm-per-prompt", '{"image": 2}',
+               "--enable-prompt-tokens-details", env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:
             return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, question), timeout=300)
@@ -132,3 +136,5 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     last_image_token = max(i for i, t in enumerate(prompt) if t == image_token)
     cached = repeated[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > last_image_token, (cached, last_image_token, len(prompt))
+    text_only = len(answers[REQUESTS.index(())].json()["prompt_token_ids"])
+    vl_chat.assert_every_lane_prefilled_an_image(trace, log, 4, text_only)

@@ -1,11 +1,14 @@
 """Vision-language requests for the end-to-end tests: synthetic images of the tiny recipes
 (``vllm_tt_testing.tiny_vl``), the chat prompt, OpenAI chat bodies with base64 ``image_url``
-data URLs, and transformers' greedy answer for the same prompt and images."""
+data URLs, transformers' greedy answer for the same prompt and images, and ``vllm serve`` in
+lane mode with the check that images reached every lane."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image, user_message
@@ -55,3 +58,29 @@ def chat_body(model: str, parts: list[dict[str, Any]], max_tokens: int, question
 
 def image_parts(kinds: tuple[int, ...], salt: int) -> list[dict[str, Any]]:
     return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt)]
+
+
+LANES = 2
+"""The VL serve tests run in lane mode: a Galaxy's mesh split into 2 lanes."""
+
+
+def lane_serve(rows: int, trace: Path) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``vllm serve`` arguments and environment for ``LANES`` lanes of ``rows`` rows, with the
+    lane coordinator's step trace written to ``trace``."""
+    args = ("--max-num-seqs", str(rows), "--data-parallel-size", str(LANES), "--api-server-count", "1")
+    return args, {"MESH_DEVICE": "TG", "TT_STEP_TRACE": str(trace)}
+
+
+def assert_every_lane_prefilled_an_image(trace: Path, log: Path, rows: int, text_only_tokens: int) -> None:
+    """The server ran in lanes and each lane prefilled a prompt longer than the text-only one,
+    i.e. one with an image (requests go to the least loaded lane)."""
+    assert f"{LANES} lanes x {rows} rows" in log.read_text()
+    lanes: list[dict[str, int]] = [{} for _ in range(LANES)]
+    for line in trace.read_text().splitlines():
+        step = json.loads(line)
+        if step["phase"] == "prefill":
+            for lane, part in zip(lanes, step["lanes"], strict=True):
+                for rid, tokens in part["scheduled"].items():
+                    lane[rid] = lane.get(rid, 0) + tokens
+    longest = [max(lane.values(), default=0) for lane in lanes]
+    assert min(longest) > text_only_tokens, (longest, text_only_tokens)
