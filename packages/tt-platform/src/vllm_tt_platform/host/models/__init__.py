@@ -19,6 +19,7 @@ HOST_MODELS: dict[str, str] = {
     "TTQwen2_5_VLForConditionalGeneration": (
         "vllm_tt_platform.host.models.qwen2_5_vl:HostQwen2_5_VLForConditionalGeneration"
     ),
+    "TTMistral3ForConditionalGeneration": "vllm_tt_platform.host.models.mistral3:HostMistral3ForConditionalGeneration",
     "TTGptOssForCausalLM": "vllm_tt_platform.host.models.gpt_oss:HostGptOssForCausalLM",
     "TTDeepseekV3ForCausalLM": "vllm_tt_platform.host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
     "TTQwen3_5ForCausalLM": "vllm_tt_platform.host.models.qwen3_5:HostQwen3_5ForCausalLM",

@@ -86,9 +86,11 @@ def resolve_checkpoint_dir(name_or_path: str) -> Path:
         ) from exc
 
 
-def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "model.") -> DecoderWeights:
+def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "model.",
+                         lm_head: str = "lm_head.weight") -> DecoderWeights:
     """Read every tensor ``config`` needs from ``folder`` as float32; ``prefix`` is where the
-    decoder's tensors sit (a vision-language checkpoint nests them under its language model)."""
+    decoder's tensors sit (a vision-language checkpoint nests them under its language model, and
+    may keep its ``lm_head`` there too)."""
     reader = _SafetensorsFolder(folder)
 
     def get(name: str) -> torch.Tensor:
@@ -129,9 +131,9 @@ def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "mod
             )
         )
     embed = get(prefix + "embed_tokens.weight")
-    lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")
     weights = DecoderWeights(
-        embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"), lm_head=lm_head
+        embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"),
+        lm_head=embed if config.tie_word_embeddings else get(lm_head),
     )
     _check_shapes(weights, config, folder)
     return weights

@@ -150,20 +150,10 @@ class Gemma3VLDecoder(Gemma3Decoder):
                     f"tokens, the model expects mm_tokens_per_image={wanted} (or the chunk end cuts an "
                     "image: the runner must not split one across prefill chunks)"
                 )
-        live = [k for k, (_, stop) in enumerate(runs) if stop > start]
-        count = 0 if crops is None else len(crops)
-        if count >= len(runs):  # all images so far (and maybe later ones), in prompt order
-            crop_of = live
-        elif count == len(live):  # the chunk's images only
-            crop_of = list(range(count))
-        else:
-            raise HostModelInputError(
-                f"prefill row {row}: {count} image crops sent, but the tokens hold {len(runs)} image "
-                f"placeholder runs, {len(live)} of them in the chunk from position {start}"
-            )
-        if crops is None or not live:
+        live = live_images(runs, start, crops, row, "image crops")
+        if not live:
             return None
-        computed = computed_pixels({k: crops[c] for k, c in zip(live, crop_of, strict=True)}, row, start)
+        computed = computed_pixels(live, row, start)
         features = self.image_features(torch.stack(computed))
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
@@ -181,6 +171,28 @@ def image_runs(ids: torch.Tensor, image_token_id: int) -> list[tuple[int, int]]:
     is_image = torch.cat((torch.tensor([False]), ids == image_token_id, torch.tensor([False])))
     edges = (is_image[1:].int() - is_image[:-1].int()).nonzero().flatten().tolist()
     return list(zip(edges[::2], edges[1::2], strict=True))
+
+
+def live_images(spans: list[tuple[int, int]], start: int, images: list[Any] | None, row: int,
+                what: str = "images") -> dict[int, Any]:
+    """``{span index: image}`` for the image placeholder spans (``[first, stop)``, prompt
+    order) a pass of row ``row`` from position ``start`` computes. The runner sends all of the
+    request's images (the contract has no encoder cache; later ones may lie past the chunk),
+    or only those the chunk computes."""
+    live = [k for k, (_, stop) in enumerate(spans) if stop > start]
+    count = 0 if images is None else len(images)
+    if count >= len(spans):  # all images so far (and maybe later ones), in prompt order
+        image_of = live
+    elif count == len(live):  # the chunk's images only
+        image_of = list(range(count))
+    else:
+        raise HostModelInputError(
+            f"prefill row {row}: {count} {what} sent, but the tokens hold {len(spans)} image "
+            f"placeholder runs, {len(live)} of them in the chunk from position {start}"
+        )
+    if images is None:
+        return {}
+    return {k: images[i] for k, i in zip(live, image_of, strict=True)}
 
 
 def computed_pixels(pixels: dict[int, torch.Tensor | None], row: int, start: int) -> list[torch.Tensor]:
