@@ -99,4 +99,5 @@ def test_log_names_speculation_per_lane(lane_server):
     _, _, log, _ = lane_server
     text = Path(log).read_text()
     assert "TT lane coordinator: 4 lanes x 2 rows" in text
-    assert f"speculation ngram, K={K}, verify trace [{ROWS} rows, {1 + K}] per lane x {LANES} lanes;" in text
+    assert (f"speculation ngram, K={K}, verify trace [{ROWS} rows, {1 + K}] per lane x {LANES} lanes, "
+            "verified on the host;") in text

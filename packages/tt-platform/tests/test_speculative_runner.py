@@ -101,5 +101,8 @@ def test_startup_summary_names_the_verify_trace_shape_per_lane():
     from vllm_tt_platform.runner.speculative import SpecSettings
 
     settings = SpecSettings("ngram", 3)
-    assert settings.describe(1, 4) == "ngram, K=3, verify trace [4 rows, 4]"
-    assert settings.describe(4, 8) == "ngram, K=3, verify trace [8 rows, 4] per lane x 4 lanes"
+    assert settings.describe(1, 4, False) == "ngram, K=3, verify trace [4 rows, 4], verified on the host"
+    assert settings.describe(4, 8, True) == (
+        "ngram, K=3, verify trace [8 rows, 4] per lane x 4 lanes, verified on device when every row is greedy "
+        "(argmax ids read back), else on the host"
+    )

@@ -23,3 +23,12 @@ def test_reset():
     stats.reset()
     assert stats.total == 0
     assert stats.summary() == "device=0 host=0"
+
+
+def test_verify_steps_verified_on_device_are_counted_apart():
+    stats = SamplingStats()
+    for decision in (DEVICE, SamplingDecision(SamplingPath.DEVICE, "verify"),
+                     SamplingDecision(SamplingPath.HOST, "verify_sampled")):
+        stats.record(decision)
+    assert stats.as_dict() == {"device": 1, "device:verify": 1, "host:verify_sampled": 1}
+    assert stats.summary() == "device=2 (verify=1) host=1 (verify_sampled=1)"

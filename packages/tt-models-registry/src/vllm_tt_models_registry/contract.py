@@ -102,7 +102,8 @@ class TTModel(Protocol):
         An mRoPE model also gets :data:`ROPE_DELTAS_KWARG` on every decode call.
 
         A verify step of speculative decoding (``supports_verify_decode``) sends
-        ``tokens [B, 1 + K]`` and :data:`VERIFY_KWARG`; see there."""
+        ``tokens [B, 1 + K]`` and :data:`VERIFY_KWARG` (with ``sampling_params`` when the
+        device verifies greedy rows itself); see there."""
         ...
 
 
@@ -184,9 +185,19 @@ VERIFY_KWARG = "num_valid_tokens"
 int ``[B]``, slot order, how many of row ``r``'s ``1 + K`` tokens are real (its last token, then
 its drafts at the following positions; 0 for padding rows). The call returns float logits
 ``[B, 1 + K, V]``, ``[r, j]`` after token ``j`` at position ``start_pos[r] + j``, and writes the
-KV of every real position (those of rejected drafts are overwritten by later steps). The runner
-samples a verify step on the host (vLLM's rejection sampler); ``sampling_params`` is not sent.
-Warmup gets ``verify_tokens=1 + K`` (``warmup_model_decode``) to capture the verify trace."""
+KV of every real position (those of rejected drafts are overwritten by later steps); the runner
+samples them on the host (vLLM's rejection sampler).
+
+Device-side verification (a model with ``supports_sample_on_device``, when the batch samples on
+device and every row is greedy): the call also gets ``sampling_params`` (one greedy wire row per
+slot, no penalties, no logprobs) and returns int tokens ``[B, 1 + K]`` instead, ``[r, j]`` the
+argmax after position ``start_pos[r] + j``; only these ids are read back, and the runner keeps
+each row's drafts up to the first that differs (``vllm_tt_sampling.acceptance``). A verify step
+leaves no token on the device for the next decode (the host decides which drafts stand), so the
+next call's inputs are the host's.
+
+Warmup gets ``verify_tokens=1 + K`` (``warmup_model_decode``) to capture the verify trace, and
+with ``can_sample_on_device`` its device-sampling variant."""
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,8 @@ class TTWorker(WorkerBase):
             if s.config.sample_on_device_mode else "host (vLLM sampler)",
             s.config.trace_mode,
             "off" if self.runner.spec_settings is None else (
-                self.runner.spec_settings.describe(s.topology.lanes, s.topology.rows_per_lane)
+                self.runner.spec_settings.describe(s.topology.lanes, s.topology.rows_per_lane,
+                                                   device_sampling=bool(s.config.sample_on_device_mode))
             ),
             warmup_s, self.runner.num_blocks, self.runner.block_size,
             s.config.summary(),

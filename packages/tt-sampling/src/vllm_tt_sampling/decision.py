@@ -179,10 +179,13 @@ REASONS: tuple[str, ...] = (
     "mode_off",
     "always_compat",
     "phase_not_enabled",
+    "verify_sampled",
     *(code for code, _ in _ROW_CHECKS),
     "device",
+    "verify",
 )
-"""Every reason code ``choose_sampling_path`` can return."""
+"""Every reason code ``choose_sampling_path`` can return (``"device"`` and ``"verify"`` on the
+device path: a plain step, a verify step of speculative decoding)."""
 
 
 def choose_sampling_path(
@@ -197,22 +200,27 @@ def choose_sampling_path(
     """Device sampling only when the operator enabled it for this step's phase (``prefill``:
     a prefill step, else a decode step) and every request uses only what the device does
     (greedy/temperature, top-k up to ``caps.max_top_k``, top-p, seed, penalties if declared,
-    logprobs up to ``caps.max_logprobs``). A ``verify`` step (speculative decoding) samples on
-    the host."""
+    logprobs up to ``caps.max_logprobs``).
+
+    A ``verify`` step (speculative decoding, a decode step whose drafts the batch can use) is
+    verified on the device only when every row is greedy: the device returns its argmax after
+    each position and the host keeps the matching drafts (``vllm_tt_sampling.acceptance``).
+    One sampled row sends the step to vLLM's rejection sampler on the host
+    (``"verify_sampled"``), which needs every position's logits."""
     if not isinstance(prefill, bool):
         raise TypeError(f"prefill={prefill!r} must be a bool: True for a prefill step, False for a decode one.")
     if mode is None:
         return SamplingDecision(SamplingPath.HOST, "mode_off")
-    if verify:  # vLLM's rejection sampler needs every position's logits on the host
-        return SamplingDecision(SamplingPath.HOST, "verify_step")
     if always_compat:
         return SamplingDecision(SamplingPath.HOST, "always_compat")
     if mode is DeviceSamplingMode.DECODE_ONLY and prefill:
         return SamplingDecision(SamplingPath.HOST, "phase_not_enabled")
+    if verify and not all(row.greedy for row in requests):
+        return SamplingDecision(SamplingPath.HOST, "verify_sampled")
     for code, breaks in _ROW_CHECKS:
         if any(breaks(row, caps, prefill) for row in requests):
             return SamplingDecision(SamplingPath.HOST, code)
-    return SamplingDecision(SamplingPath.DEVICE, "device")
+    return SamplingDecision(SamplingPath.DEVICE, "verify" if verify else "device")
 
 
 _DRAFT_BLOCKERS: tuple[tuple[str, Callable[[RowSampling], bool]], ...] = (

@@ -35,16 +35,21 @@ class SamplingStats:
         return sum(self.counts.values())
 
     def as_dict(self) -> dict[str, int]:
-        """Flat ``{"device": n, "host:min_p": m, ...}``, sorted, for JSON step traces."""
+        """Flat ``{"device": n, "device:verify": v, "host:min_p": m, ...}``, sorted, for JSON
+        step traces."""
         flat = {
-            (path if path == "device" else f"{path}:{reason}"): n for (path, reason), n in self.counts.items()
+            (path if reason == "device" else f"{path}:{reason}"): n for (path, reason), n in self.counts.items()
         }
         return dict(sorted(flat.items()))
 
     def summary(self) -> str:
-        """One line for logs: ``device=120 host=3 (logit_bias=1, min_p=2)``."""
+        """One line for logs: ``device=120 host=3 (logit_bias=1, min_p=2)``; verify steps of
+        speculative decoding verified on the device are named: ``device=120 (verify=40) ...``."""
         host = {r: n for (p, r), n in self.counts.items() if p == "host"}
-        line = f"device={self.count('device')} host={sum(host.values())}"
+        line = f"device={self.count('device')}"
+        if verified := self.count("device", "verify"):
+            line += f" (verify={verified})"
+        line += f" host={sum(host.values())}"
         if host:
             line += " (" + ", ".join(f"{r}={n}" for r, n in sorted(host.items())) + ")"
         return line

@@ -135,7 +135,7 @@ def configure(vllm_config: VllmConfig) -> None:
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
-                    "synchronously; each verify step is sampled on the host).",
+                    "synchronously: each step's drafts need the tokens the step before accepted).",
                     vllm_config.speculative_config.method)
     request_checks.install(request_checks.RequestRules.of(setup.model.arch, caps))
     if scheduler.async_scheduling and not caps.supports_async_decode:

@@ -42,7 +42,8 @@ class _PendingStep:
     decision: SamplingDecision
     output: model_output.ModelOutput | InFlightStep | torch.Tensor
     """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``); a verify
-    step's logits ``[num_slots, 1 + K, V]`` when it carried drafts."""
+    step's logits ``[num_slots, 1 + K, V]`` (or the device's argmax tokens ``[num_slots, 1 + K]``)
+    when it carried drafts."""
     drafts: dict[str, list[int]]
 
 
@@ -209,6 +210,8 @@ class TTModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
         drafts = real_drafts(out) if self._spec is not None and plan.phase is Phase.DECODE else {}
+        if drafts and self._spec is not None and self._spec.drafts_usable(plan.rows) is not None:
+            drafts = {}  # a row blocks drafts: a plain decode step (the plan's rows are one token each)
         decision = self.sampling.decide(plan, verify=bool(drafts))
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         output: model_output.ModelOutput | InFlightStep | torch.Tensor
@@ -219,7 +222,8 @@ class TTModelRunner:
                                         self.kv.layout)
             with self.device_watch.call("decode step"):
                 output = self._spec.run_verify(self.model, inputs, plan.rows, drafts, self.kv_cache,
-                                               self.decode_trace)
+                                               self.decode_trace,
+                                               self.sampling.decode_kwargs(plan, decision, self.batch.num_slots))
         else:
             output = self._decode(plan, decision)
         self._pending = _PendingStep(plan, decision, output, drafts)
@@ -294,7 +298,7 @@ class TTModelRunner:
             return self.overlap.async_output(output, grammar_output)
         producing = [r.state for r in plan.rows if r.produces_token]  # before their tokens are appended
         if isinstance(output, torch.Tensor) and self._spec is not None:
-            result = self._spec.sampled(plan, output, pending.drafts, self.sampling, grammar_output)
+            result = self._spec.sampled(plan, output, pending.drafts)
         elif isinstance(output, model_output.ModelOutput):
             result = self.sampling.sampled(plan, output, grammar_output)
         else:

@@ -7,34 +7,34 @@ acceptance, and after each step its engine asks the worker for the next drafts
 (``take_draft_token_ids``), made here by vLLM's ``NgramProposer`` over each row's tokens.
 
 A step whose rows carry drafts is a *verify step*: a decode step of the fixed shape
-``[decode rows, 1 + K]`` (one trace per K), sampled on the host. When a row of the batch asks
-for something the verify path does not carry (logprobs, penalties, a grammar, a seeded draw:
-``vllm_tt_sampling.decision.drafts_blocked_by``), that step runs without drafts: each row takes
-the one token a plain decode step would give, and vLLM counts the drafts as rejected.
+``[decode rows, 1 + K]`` (one trace per K). With device sampling on and every row greedy the
+device verifies it: it returns its argmax after each position (token ids only), and the host
+keeps each row's matching drafts (``vllm_tt_sampling.acceptance``); otherwise the logits of
+every position are read back and vLLM's rejection sampler decides (the per-batch decision,
+``vllm_tt_sampling.decision``, says which). When a row of the batch asks for something the
+verify path does not carry (logprobs, penalties, a grammar:
+``vllm_tt_sampling.decision.drafts_blocked_by``), the runner runs that step as a plain decode
+step without drafts: each row takes its one token, and vLLM counts the drafts as rejected.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm_tt_sampling.acceptance import accept_greedy
 from vllm_tt_sampling.decision import RowSampling, drafts_blocked_by
 from vllm_tt_sampling.host import HostSamplingBatch
 from vllm_tt_sampling.host.speculative import DraftVerifier
 
 from vllm_tt_platform.runner.batch import RequestState
-from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.runner.model_output import ModelOutputError
 from vllm_tt_platform.runner.step import DecodeInputs, ScheduledRow, StepPlan
-
-if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import GrammarOutput
-
-    from vllm_tt_platform.runner.step_sampling import StepSampling
 
 PLACEHOLDER = -1
 """vLLM's draft id for "no draft here" (new or resumed rows, grammar-invalid drafts)."""
@@ -58,13 +58,16 @@ class SpecSettings:
             return None
         return cls(str(spec.method), int(spec.num_speculative_tokens))
 
-    def describe(self, lanes: int, rows_per_lane: int) -> str:
-        """For the startup summary: the method, K and the verify trace shape (per lane: each
-        lane's sub-mesh verifies its own rows in the one step over all lanes)."""
+    def describe(self, lanes: int, rows_per_lane: int, device_sampling: bool) -> str:
+        """For the startup summary: the method, K, the verify trace shape (per lane: each
+        lane's sub-mesh verifies its own rows in the one step over all lanes) and where verify
+        steps are verified."""
         shape = f"[{rows_per_lane} rows, {1 + self.num_tokens}]"
         if lanes > 1:
             shape += f" per lane x {lanes} lanes"
-        return f"{self.method}, K={self.num_tokens}, verify trace {shape}"
+        where = ("on device when every row is greedy (argmax ids read back), else on the host"
+                 if device_sampling else "on the host")
+        return f"{self.method}, K={self.num_tokens}, verify trace {shape}, verified {where}"
 
 
 def row_sampling(state: RequestState) -> RowSampling:
@@ -136,40 +139,50 @@ class Speculation:
         """Why this verify step runs without drafts, or None (see the module docstring)."""
         return drafts_blocked_by([row_sampling(r.state) for r in rows])
 
-    def accept(self, logits: torch.Tensor, rows: list[ScheduledRow], drafts: dict[str, list[int]]) -> list[list[int]]:
-        """Each row's tokens from a verify step's ``logits [num_slots, 1 + K, V]``."""
+    def accept(self, output: torch.Tensor, rows: list[ScheduledRow], drafts: dict[str, list[int]]) -> list[list[int]]:
+        """Each row's tokens from a verify step's output: the device's argmax tokens
+        ``[num_slots, 1 + K]`` (greedy rows), or logits ``[num_slots, 1 + K, V]`` for vLLM's
+        rejection sampler."""
         slots = [r.state.slot for r in rows]
-        return self.verifier.verify(logits[slots], slots, [drafts.get(r.state.req_id, []) for r in rows])
+        row_drafts = [drafts.get(r.state.req_id, []) for r in rows]
+        if not output.is_floating_point():
+            return accept_greedy(output[slots].tolist(), row_drafts)
+        return self.verifier.verify(output[slots], slots, row_drafts)
 
     def run_verify(self, model: Any, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
-                   kv_cache: Any, enable_trace: bool) -> torch.Tensor:
-        """Submit the verify step and read its logits ``[num_slots, 1 + K, V]`` back."""
+                   kv_cache: Any, enable_trace: bool, sampling: dict[str, Any]) -> torch.Tensor:
+        """Submit the verify step and read back its logits ``[num_slots, 1 + K, V]`` or, with
+        device ``sampling`` kwargs (``sampling_params``: every row greedy), only its argmax
+        tokens ``[num_slots, 1 + K]``."""
         inputs = VerifyInputs.build(decode, rows, drafts, self.settings.num_tokens)
-        kwargs: dict[str, Any] = {VERIFY_KWARG: inputs.num_valid}
+        kwargs: dict[str, Any] = {VERIFY_KWARG: inputs.num_valid, **sampling}
         if decode.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
         raw = model.decode_forward(
             tokens=inputs.tokens, start_pos=decode.start_pos, page_table=decode.page_table, kv_cache=kv_cache,
             enable_trace=enable_trace, read_from_device=True, **kwargs,
         )
-        raw = model.process_decode_output_host(raw) if hasattr(model, "process_decode_output_host") else raw
+        on_device = bool(sampling)
+        if hasattr(model, "process_decode_output_host"):
+            raw = model.process_decode_output_host(raw, is_tokens=on_device)
         expected = (*inputs.tokens.shape,)
-        if not isinstance(raw, torch.Tensor) or not raw.is_floating_point() or tuple(raw.shape[:2]) != expected:
+        shape_ok = isinstance(raw, torch.Tensor) and tuple(raw.shape[:2]) == expected and (
+            raw.dim() == 2 and not raw.is_floating_point() if on_device else raw.dim() == 3 and raw.is_floating_point()
+        )
+        if not shape_ok:
             shape = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+            wanted = f"int tokens [{expected[0]}, {expected[1]}]" if on_device else \
+                f"float logits [{expected[0]}, {expected[1]}, V]"
             raise ModelOutputError(
                 f"{type(model).__qualname__}.decode_forward returned {shape} for a verify step; expected "
-                f"float logits [{expected[0]}, {expected[1]}, V] (model contract: VERIFY_KWARG)"
+                f"{wanted} (model contract: VERIFY_KWARG)"
             )
-        return raw.float()
+        return raw.long() if on_device else raw.float()
 
-    def sampled(self, plan: StepPlan, logits: torch.Tensor, drafts: dict[str, list[int]], sampling: StepSampling,
-                grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sampled(self, plan: StepPlan, output: torch.Tensor, drafts: dict[str, list[int]]) -> ModelRunnerOutput:
         """The verify step's tokens per row (variable length: accepted drafts + one), appended
-        to the rows, as vLLM's scheduler reads them; or, when a row blocks drafts, one token a
-        row from the position after its last token."""
-        if self.drafts_usable(plan.rows) is not None:  # the plan's rows are one token each
-            return sampling.sampled(plan, ModelOutput(logits=logits[:, 0]), grammar_output)
-        tokens = self.accept(logits, plan.rows, drafts)
+        to the rows, as vLLM's scheduler reads them (no grammar: a row with one blocks drafts)."""
+        tokens = self.accept(output, plan.rows, drafts)
         for r, row_tokens in zip(plan.rows, tokens, strict=True):
             r.state.output_token_ids.extend(row_tokens)
         return ModelRunnerOutput(

@@ -98,7 +98,8 @@ class StepSampling:
 
     def decide(self, plan: StepPlan, verify: bool = False) -> SamplingDecision:
         """Where this batch samples, and why; recorded in the stats and the sampling trace.
-        ``verify``: a verify step of speculative decoding (always sampled on the host)."""
+        ``verify``: a verify step of speculative decoding whose drafts the batch can use
+        (verified on the device only when every row is greedy)."""
         rows = [
             RowSampling.from_vllm(
                 r.state.sampling_params,

@@ -250,8 +250,9 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
                 if can_sample_on_device:
                     device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, True), self._capture_s(None))
                 if kwargs.get("verify_tokens"):  # speculative decoding: one verify shape per K
-                    device.capture_trace(TraceKey.verify(self.lanes.rows_per_lane, kwargs["verify_tokens"]),
-                                         self._capture_s(None))
+                    for sampled in (False, True) if can_sample_on_device else (False,):
+                        key = TraceKey.verify(self.lanes.rows_per_lane, kwargs["verify_tokens"], sampled)
+                        device.capture_trace(key, self._capture_s(None))
             return
         rows = self.max_batch_size
         self.decode_forward(
@@ -373,7 +374,8 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         """One step over the full fixed batch; row ``r`` is slot ``r``, ``start_pos == -1``
         marks padding. Returns logits ``[B, 1, V]`` or sampled tokens ``[B]`` as host tensors,
         or, with modelled device time and ``read_from_device=False``, a ``DecodeHandle``.
-        With ``num_valid_tokens`` it is a verify step over ``tokens [B, 1 + K]`` (``verify``).
+        With ``num_valid_tokens`` it is a verify step over ``tokens [B, 1 + K]`` (``verify``;
+        with ``sampling_params``, verified on the device: argmax tokens ``[B, 1 + K]``).
 
         With ``sampling_params`` the device's own token and position are used for continuing
         slots (``DeviceSlots``); ``reset_batch`` says the layout changed. Slots never move, so
@@ -382,7 +384,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         tokens = torch.as_tensor(tokens)
         if kwargs.get(verify.VERIFY_KWARG) is not None:  # a verify step: tokens [B, 1 + K]
             return verify.verify_forward(self, tokens, start_pos, page_table, kv_cache, kwargs[verify.VERIFY_KWARG],
-                                         enable_trace, kwargs.get("page_tables_per_layer"))
+                                         enable_trace, kwargs.get("page_tables_per_layer"), sampling_params)
         tokens = tokens[:, 0] if tokens.dim() == 2 else tokens.reshape(-1)
         positions = torch.as_tensor(start_pos).reshape(-1).long()
         page_table = torch.as_tensor(page_table)

@@ -30,7 +30,14 @@ class DecodeHandle:
     @property
     def nbytes(self) -> int:
         """Bytes the readback moves: int32 tokens plus float32 logprobs, or float32 logits."""
-        return self.rows * 8 if self.sampled else self.rows * self.vocab_size * 4
+        return readback_nbytes(self.rows, self.vocab_size, sampled=self.sampled, logprobs=True)
+
+
+def readback_nbytes(rows: int, vocab_size: int, *, sampled: bool, logprobs: bool, positions: int = 1) -> int:
+    """Bytes a decode or verify output moves to the host, ``positions`` per row: an int32 token
+    (plus a float32 logprob with ``logprobs``) when the device sampled, else float32 logits."""
+    per_position = (4 + 4 * logprobs) if sampled else 4 * vocab_size
+    return rows * positions * per_position
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,10 @@ class TraceKey:
         return cls("decode", 1, lane_batch, device_sampling)
 
     @classmethod
-    def verify(cls, lane_batch: int, width: int) -> TraceKey:
-        """A verify step of speculative decoding: ``1 + K`` tokens per row, host-sampled."""
-        return cls("verify", width, lane_batch, False)
+    def verify(cls, lane_batch: int, width: int, device_sampling: bool = False) -> TraceKey:
+        """A verify step of speculative decoding: ``1 + K`` tokens per row, returning every
+        position's logits or, ``device_sampling``, its argmax (device-side verification)."""
+        return cls("verify", width, lane_batch, device_sampling)
 
     def __str__(self) -> str:
         sampling = "+sampling" if self.device_sampling else ""
