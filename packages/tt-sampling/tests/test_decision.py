@@ -239,3 +239,25 @@ def test_batch_is_device_iff_every_row_alone_is(rows, prefill):
     assert (decision.path is SamplingPath.DEVICE) == all(d.path is SamplingPath.DEVICE for d in alone)
     if decision.path is SamplingPath.HOST:
         assert decision.reason in {d.reason for d in alone}
+
+
+def test_a_greedy_verify_step_is_verified_on_device():
+    decision = choose_sampling_path([row(greedy=True, top_k=0)] * 3, mode=DeviceSamplingMode.DECODE_ONLY,
+                                    prefill=False, caps=CAPS, always_compat=False, verify=True)
+    assert (decision.path, decision.reason) == (SamplingPath.DEVICE, "verify")
+
+
+@pytest.mark.parametrize(
+    ("rows", "kwargs", "reason"),
+    [
+        # one sampled row (even one the device could sample alone) needs the rejection sampler
+        ([row(greedy=True), row(top_k=10)], {}, "verify_sampled"),
+        ([row(greedy=True)], {"mode": None}, "mode_off"),
+        ([row(greedy=True)], {"always_compat": True}, "always_compat"),
+    ],
+)
+def test_a_verify_step_falls_back_to_the_host(rows, kwargs, reason):
+    decision = choose_sampling_path(rows, **{"mode": DeviceSamplingMode.ALL, "prefill": False, "caps": CAPS,
+                                             "always_compat": False, **kwargs}, verify=True)
+    assert (decision.path, decision.reason) == (SamplingPath.HOST, reason)
+    assert reason in REASONS
