@@ -149,6 +149,11 @@ PROOFS: tuple[Proof, ...] = (
     Proof("supports_verify_decode",
           f"{_E2E}/test_spec_decode_lanes_serve.py::test_concurrent_greedy_in_lanes_equals_transformers",
           ("llama",), "n-gram speculation in 4 lanes (TG) through vllm serve: concurrent greedy clients equal transformers"),
+    Proof("supports_verify_decode",
+          f"{_E2E}/test_spec_decode_lanes_serve.py::test_preemption_in_lanes_with_drafts_in_flight_stays_exact",
+          ("llama",), "rows preempted in several lanes with drafts in flight still generate what transformers does"),
+    Proof("supports_verify_decode", f"{_E2E}/test_spec_decode_serve.py::test_streaming_equals_plain_equals_transformers",
+          ("llama",), "greedy verify steps verified on the device (argmax ids only) equal transformers, streamed or not"),
     Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
           ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
 )

@@ -1,7 +1,9 @@
 """Speculative decoding through `vllm serve` and the OpenAI client (issue 19), one server:
-n-gram drafts, K=3, device sampling on for the steps that carry no drafts.
+n-gram drafts, K=3, device sampling on (greedy verify steps are verified on the device, which
+returns argmax ids only; sampled ones go to the host's rejection sampler).
 
-Greedy streaming equals non-streaming equals transformers, alone and concurrently; stop strings
+Greedy streaming equals non-streaming equals transformers, alone and concurrently, through
+verify steps verified on the device (the TT sampling counter says so); stop strings
 end the text exactly where the plain greedy continuation says; sampled requests keep the target
 distribution while drafts are accepted: the randomized probability integral transform of every
 sampled token under transformers' own conditional distribution is uniform.
@@ -13,6 +15,7 @@ import concurrent.futures
 import json
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +89,16 @@ def accepted_drafts(url: str) -> float:
     return total
 
 
+def device_verified_steps(url: str) -> float:
+    """Verify steps the device verified (``vllm_tt:sampling_batches`` with reason ``verify``)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+               if line.startswith("vllm_tt:sampling_batches_total{") and 'reason="verify"' in line)
+
+
 def test_streaming_equals_plain_equals_transformers(server, prompts):
     model_dir, url = server
     expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    before = accepted_drafts(url)
+    before, verified = accepted_drafts(url), device_verified_steps(url)
     plain = concurrently(lambda p: complete(url, p, **GREEDY), [(p,) for p in prompts])
     streamed = concurrently(lambda p: stream(url, p, **GREEDY), [(p,) for p in prompts])
     assert [r["choices"][0]["token_ids"] for r in plain] == expected
@@ -98,6 +107,10 @@ def test_streaming_equals_plain_equals_transformers(server, prompts):
     alone = complete(url, prompts[0], **GREEDY)
     assert alone["choices"][0]["token_ids"] == expected[0]
     assert accepted_drafts(url) > before  # the outputs came through verify steps
+    deadline = time.monotonic() + 15  # the engine sends TT metrics every 0.25 s
+    while device_verified_steps(url) <= verified and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert device_verified_steps(url) > verified  # ... verified on the device
 
 
 def test_stop_strings_end_the_text_exactly(server, prompts):
