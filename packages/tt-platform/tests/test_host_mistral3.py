@@ -218,14 +218,28 @@ def test_bad_image_inputs_are_refused(model):
     d.add(0, ids)
     with pytest.raises(HostModelInputError, match="0 images sent, but the tokens hold 1"):
         d.prefill([(0, len(ids))], pixel_values=[None])
-    with pytest.raises(HostModelInputError, match="uint8"):
-        d.prefill([(0, len(ids))], pixel_values=[[torch.zeros(3, 16, 24, dtype=torch.uint8)]])
     with pytest.raises(HostModelInputError, match="makes 8 image tokens, its placeholders at 4..12 hold 6"):
         d.prefill([(0, len(ids))], pixel_values=[[image(0, SIZES[1])]])
     with pytest.raises(HostModelInputError, match="multiples of 8"):
         d.prefill([(0, len(ids))], pixel_values=[[image(0, (16, 20))]])
     with pytest.raises(HostModelInputError, match="list of 1 rows"):
         d.prefill([(0, len(ids))], pixel_values=[None, None])
+
+
+def test_uint8_pixels_are_normalised_as_the_hf_image_processor_does(model, hf):
+    """vLLM's default for Mistral 3 sends uint8 pixels (it normalises on the device): the host
+    model's logits with them equal HF's with the image processor's floats."""
+    from transformers import PixtralImageProcessor
+
+    raw = torch.randint(0, 256, (3, *SIZES[0]), dtype=torch.uint8, generator=torch.Generator().manual_seed(20))
+    floats = PixtralImageProcessor(patch_size={"height": 8, "width": 8})(raw.permute(1, 2, 0).numpy(),
+                                                                         return_tensors="pt")["pixel_values"][0]
+    assert floats.shape == (3, *SIZES[0])
+    ids = prompt(21, [4, 5])
+    d = driver(model)
+    d.add(0, ids)
+    got = d.prefill([(0, len(ids))], return_all_logits=True, pixel_values=[[raw]])[0]
+    close(got[-len(ids):], hf_logits(hf, ids, [floats]))
 
 
 def test_image_sizes_crop_padded_pixels(model, hf):

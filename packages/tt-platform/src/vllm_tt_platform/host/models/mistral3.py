@@ -9,8 +9,10 @@ projects those to the text width. In the prompt an image of ``rows x cols`` merg
 followed by ``[IMG_END]``; the image vectors replace the ``[IMG]`` embeddings in row-major order,
 the break and end tokens keep their own.
 
-vLLM sends each image's normalised ``pixel_values [3, h, w]`` at its processed size (no
-``image_sizes``: the shape is the size); an image inside the prefix-cache hit comes as None.
+vLLM sends each image's ``pixel_values [3, h, w]`` at its processed size (no ``image_sizes``:
+the shape is the size), uint8 by default (vLLM's Mistral 3 normalises on the device; the host
+model applies the checkpoint's image processor normalisation) or normalised floats with
+``--mm-device-do-normalize false``; an image inside the prefix-cache hit comes as None.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from vllm_tt_platform.host.models.pixtral import (
     load_pixtral_weights,
     rms_norm,
 )
+from vllm_tt_platform.host.models.qwen2_5_vl_vision import PixelNorm
 from vllm_tt_platform.host.models.shapes import HostModelInputError
 from vllm_tt_platform.host.models.vllm_surface import vllm_multimodal_processing
 
@@ -192,22 +195,25 @@ class Mistral3Decoder(HostDecoder):
     config: Mistral3Config
 
     def __init__(self, config: Mistral3Config, weights: DecoderWeights, tower: PixtralVisionTower,
-                 projector: Mistral3Projector, placeholders: PlaceholderIds) -> None:
+                 projector: Mistral3Projector, placeholders: PlaceholderIds, pixel_norm: PixelNorm) -> None:
         super().__init__(config, weights)
+        self.pixel_norm = pixel_norm
         self.tower = tower
         self.projector = projector
         self.placeholders = placeholders
 
     @torch.no_grad()
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """One image ``[3, h, w]`` -> its image token vectors ``[h * w / merged_patch**2, hidden]``."""
-        _, h, w = pixels.shape
+        """One image ``[3, h, w]`` (uint8 or normalised floats) -> its image token vectors
+        ``[h * w / merged_patch**2, hidden]``."""
+        channels, h, w = pixels.shape
         merged = self.config.merged_patch
         if h % merged or w % merged:
             raise HostModelInputError(f"an image of {h}x{w} pixels: Mistral 3 takes sides that are multiples of "
                                       f"{merged} (patch size x spatial_merge_size), as its processor makes them")
         patch = self.config.vision.patch_size
-        return self.projector(self.tower(pixels), h // patch, w // patch)
+        normalised = self.pixel_norm.apply(pixels.reshape(1, -1), channels).reshape(pixels.shape)
+        return self.projector(self.tower(normalised), h // patch, w // patch)
 
     def inserts(self, ids: torch.Tensor, start: int, images: list[torch.Tensor | None] | None,
                 row: int) -> PrefillInserts | None:
@@ -254,14 +260,11 @@ def row_images(pixel_values: Any, image_sizes: Any, rows: int) -> list[list[torc
                 pictures.append(None)
                 continue
             t = torch.as_tensor(image)
-            if t.dtype == torch.uint8:
-                raise HostModelInputError(f"pixel_values of row {row} are uint8; Mistral 3 takes the image "
-                                          "processor's normalised floats")
             t = t[0] if t.dim() == 4 and t.shape[0] == 1 else t
             if sizes is not None and sizes[k] is not None:
                 h, w = (int(v) for v in torch.as_tensor(sizes[k]).reshape(-1).tolist())
                 t = t[..., :h, :w]
-            pictures.append(t.to(torch.float32))
+            pictures.append(t)
         out.append(pictures)
     return out
 
@@ -292,7 +295,8 @@ def load_mistral3_decoder(folder: Path, config: Mistral3Config) -> Mistral3Decod
     tower = PixtralVisionTower(config.vision, load_pixtral_weights(reader, vision, config.vision, config.feature_layer),
                                config.feature_layer)
     return Mistral3Decoder(config, load_decoder_weights(folder, config, text, lm_head), tower,
-                           Mistral3Projector(config, weights), PlaceholderIds.of_checkpoint(folder, config.image_token_id))
+                           Mistral3Projector(config, weights), PlaceholderIds.of_checkpoint(folder, config.image_token_id),
+                           PixelNorm.of_checkpoint(folder))
 
 
 @vllm_multimodal_processing(VllmMistral3)
