@@ -84,7 +84,6 @@ class RowSampling:
     thinking_budget: bool = False
     structured_output: bool = False
     intermediate_chunk: bool = False
-    seeded: bool = False
 
     @classmethod
     def from_vllm(
@@ -124,7 +123,6 @@ class RowSampling:
             thinking_budget=getattr(params, "thinking_token_budget", None) is not None,
             structured_output=structured_output or params.structured_outputs is not None,
             intermediate_chunk=intermediate_chunk,
-            seeded=params.seed is not None,
         )
 
 
@@ -229,17 +227,16 @@ _DRAFT_BLOCKERS: tuple[tuple[str, Callable[[RowSampling], bool]], ...] = (
     ("structured_output", lambda r: r.structured_output),
     ("logits_processors", lambda r: r.logits_processors or r.min_tokens or r.logit_bias or r.min_p
      or r.allowed_token_ids or r.bad_words or r.thinking_budget),
-    ("seeded_sampling", lambda r: r.seeded and not r.greedy),
 )
-"""What keeps a verify step from using drafts: the host draws a seeded token from the counter
-stream (``SeedStream.COUNTER``), which vLLM's rejection sampler does not use; the rest is
-per-token state (logprobs, histories, grammars, processors) the verify path does not carry."""
+"""What keeps a verify step from using drafts: per-token state (logprobs, histories, grammars,
+processors) the verify path does not carry. Seeded sampled rows take drafts: they keep their
+counter-stream draws (``vllm_tt_sampling.host.speculative``)."""
 
 
 def drafts_blocked_by(requests: Sequence[RowSampling]) -> str | None:
     """Why this verify step must run without its drafts (one token per row, as a plain decode
-    step would give), or None when vLLM's rejection sampler can verify them: greedy and plain
-    temperature/top-k/top-p rows."""
+    step would give), or None when they can be verified: greedy and plain temperature/top-k/top-p
+    rows, seeded or not."""
     for code, blocks in _DRAFT_BLOCKERS:
         if any(blocks(row) for row in requests):
             return code

@@ -156,6 +156,25 @@ class HostSamplingBatch:
         uniforms = self._counter_uniforms(requests, positions)
         return self._sampler.sample_counter(logits, metadata, uniforms)
 
+    def counter_seeded(self, slot: int) -> bool:
+        """The slot's request draws from the counter stream: seeded, not greedy, and this batch
+        uses ``SeedStream.COUNTER``."""
+        request = self._require(slot)
+        counter = self.seed_stream is SeedStream.COUNTER
+        return counter and request.params.seed is not None and not request.greedy
+
+    def counter_draw(self, logits: torch.Tensor, slot: int, ahead: int) -> int:
+        """The token a counter-seeded slot draws ``ahead`` positions past its last token, from
+        ``logits [V]`` (the distribution after those ``ahead`` tokens): ``seeded_uniform(seed,
+        last position + ahead)``, what ``sample`` gives once the ``ahead`` tokens are the slot's
+        (for requests without penalties or logits processors, which would see the history)."""
+        if not self.counter_seeded(slot):
+            raise ValueError(f"slot {slot} does not draw from the counter stream (seeded sampling, "
+                             "SeedStream.COUNTER).")
+        request = self._require(slot)
+        last = len(request.prompt_token_ids) + len(request.output_token_ids) - 1
+        return int(self.sample(logits.view(1, -1), [slot], positions=[last + ahead]).sampled_token_ids[0, 0])
+
     def metadata(self, slots: Sequence[int]) -> SamplingMetadata:
         """vLLM's ``SamplingMetadata`` of ``slots`` (row ``i`` = ``slots[i]``), as ``sample``
         uses it; for vLLM's rejection sampler on verify steps."""

@@ -6,6 +6,18 @@ for sampled requests the preservation of the target distribution are all vLLM's
 ``RejectionSampler``; this class only lays the rows out the way it expects (its
 ``SpecDecodeMetadata``: flattened logits, draft positions then the bonus position per row) and
 reads its output back as one token list per row.
+
+Seeded rows of a counter-stream batch (the runner's: ``SeedStream.COUNTER``) are the exception.
+vLLM's rejection sampler would draw their acceptance uniforms, recovered and bonus tokens from a
+per-request generator, so a seeded row's tokens would depend on which drafts it was given, and
+those depend on its neighbours (a neighbour asking for logprobs runs the step without drafts,
+KV pressure preempts a row and drops its drafts). Such a row instead draws, at each of its
+positions, the token a plain decode step would draw there (``seeded_uniform(seed, position)``,
+on the device or the host alike); a draft stands while it equals that draw, and the first
+draw that differs ends the row's tokens. For n-gram drafts (no draft probabilities) this is
+rejection sampling too: a draft is kept with the target's probability of it, else the token is
+drawn from the target without it. Its outputs are exactly those of serving without speculation,
+so the same seed gives the same tokens alone, concurrently, with or without drafts.
 """
 
 from __future__ import annotations
@@ -59,8 +71,35 @@ class DraftVerifier:
             )
         if any(len(d) >= logits.shape[1] for d in drafts):
             raise ValueError(f"a row has more drafts than the verify step's {logits.shape[1] - 1} positions")
-        flat = torch.cat([logits[i, : len(d) + 1] for i, d in enumerate(drafts)]).to(torch.float32)
-        metadata = spec_decode_metadata(drafts)
-        out = self._rejection(metadata, None, flat, self.batch.metadata(slots))
+        tokens: list[list[int]] = [[] for _ in slots]
+        rejection = []
+        for i, (slot, row_drafts) in enumerate(zip(slots, drafts, strict=True)):
+            if self.batch.counter_seeded(slot):
+                tokens[i] = self._counter_row(logits[i], slot, row_drafts)
+            else:
+                rejection.append(i)
+        if rejection:
+            rows = self._rejection_rows(logits, slots, drafts, rejection)
+            for i, row_tokens in zip(rejection, rows, strict=True):
+                tokens[i] = row_tokens
+        return tokens
+
+    def _rejection_rows(self, logits: torch.Tensor, slots: Sequence[int], drafts: Sequence[Sequence[int]],
+                        rows: list[int]) -> list[list[int]]:
+        """vLLM's rejection sampler over ``rows`` (indices into the verify call)."""
+        row_drafts = [drafts[i] for i in rows]
+        flat = torch.cat([logits[i, : len(drafts[i]) + 1] for i in rows]).to(torch.float32)
+        metadata = self.batch.metadata([slots[i] for i in rows])
+        out = self._rejection(spec_decode_metadata(row_drafts), None, flat, metadata)
         tokens, _ = RejectionSampler.parse_output(out.sampled_token_ids, self.batch.vocab_size)
+        return tokens
+
+    def _counter_row(self, logits: torch.Tensor, slot: int, drafts: Sequence[int]) -> list[int]:
+        """A counter-seeded row: its drafts while they equal its own draws, then the first draw
+        that differs (or the draw after the last draft); see the module docstring."""
+        tokens: list[int] = []
+        for ahead in range(len(drafts) + 1):
+            tokens.append(self.batch.counter_draw(logits[ahead], slot, ahead))
+            if ahead < len(drafts) and tokens[-1] != drafts[ahead]:
+                break
         return tokens
