@@ -4,14 +4,17 @@
 them to the host model's prefill (Pixtral tower with 2D rotary, patch merger, projector, the
 Mistral decoder), and greedy outputs of concurrent OpenAI chat requests with base64
 ``image_url`` data URLs equal transformers' generate() for text-only, one-image and two-image
-requests. One engine start: a 32-token step budget (a two-image prompt, 48 tokens, takes more
-than one prefill step; the host model refuses a chunk that cuts an image), a long two-image
-prompt sent twice (the second is served from the prefix cache past both images, which vLLM
-then sends without pixels), and a request with too many images (a 400; the next is served)."""
+requests. One engine start, in lane mode (2 lanes of 4 rows, as the other VL serve tests): a
+32-token step budget (a two-image prompt, 48 tokens, is prefilled in several steps; the host
+model refuses a chunk that cuts an image), a long two-image prompt sent twice (the second is
+served from the prefix cache past both images, which vLLM then sends without pixels), and a
+request with too many images (a 400; the next is served)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +23,13 @@ from vllm_tt_testing.tiny_mistral3 import build_tiny_mistral3
 from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e.helpers import serve
-from tests.e2e.vl_chat import chat_body, hf_generate, image_parts
+from tests.e2e.vl_chat import (
+    assert_every_lane_prefilled_an_image,
+    chat_body,
+    hf_generate,
+    image_parts,
+    lane_serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,11 +54,25 @@ def hf_mistral3(mistral3_checkpoint):
     return model, AutoProcessor.from_pretrained(mistral3_checkpoint)
 
 
+def prefill_steps(trace: Path) -> dict[str, int]:
+    """How many prefill steps scheduled tokens of each request, from the lane step trace."""
+    steps: dict[str, int] = {}
+    for line in trace.read_text().splitlines():
+        step = json.loads(line)
+        if step["phase"] == "prefill":
+            for lane in step["lanes"]:
+                for rid in lane["scheduled"]:
+                    steps[rid] = steps.get(rid, 0) + 1
+    return steps
+
+
 def test_serve_chat_with_base64_images_equals_transformers(mistral3_checkpoint, hf_mistral3, tmp_path):
     model = str(mistral3_checkpoint)
-    log = tmp_path / "serve.log"
-    with serve(mistral3_checkpoint, "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens",
-               "32", "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", log=log) as url:
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    lane_args, lane_env = lane_serve(4, trace)
+    with serve(mistral3_checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", "32",
+               "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", env=lane_env,
+               log=log) as url:
 
         def chat(parts: list[dict[str, Any]], question: str = QUESTION) -> httpx.Response:
             return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS, question),
@@ -73,7 +96,8 @@ def test_serve_chat_with_base64_images_equals_transformers(mistral3_checkpoint, 
     singles = [by_kinds[(k,)] for k in range(4)]
     assert len({tuple(a) for a in singles}) == 4, singles  # the image decides the answer
     assert by_kinds[(1,)] != by_kinds[()]
-    assert len(want[REQUESTS.index((2, 3))][0]) > 32, "a two-image prompt takes more than one prefill step"
+    assert max(prefill_steps(trace).values()) > 1, "the two-image prompts were prefilled in chunks"
+    assert_every_lane_prefilled_an_image(trace, log, 4, len(want[REQUESTS.index(())][0]))
 
     long_want = hf_generate(hf_mistral3, (2, 0), MAX_TOKENS, 3, add_special_tokens=False, question=LONG_QUESTION)
     for response in repeated:
