@@ -4,6 +4,7 @@ transformers' generate() does on the same checkpoint (float32)."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -59,3 +60,9 @@ def test_text_prompts_and_chat(engine):
     assert len(out[0].outputs[0].token_ids) >= 1
     chat = llm.chat([{"role": "user", "content": "Say something."}], SamplingParams(temperature=0.0, max_tokens=8))
     assert len(chat[0].outputs[0].token_ids) >= 1
+
+
+def test_repr_names_the_tt_model(engine):
+    """``print(llm)`` asks the worker for the model tree; a TT model is named with its mesh."""
+    _, llm = engine
+    assert re.fullmatch(rf"Host\w+ \(TT model; mesh .+, 1 lane x {MAX_NUM_SEQS} rows\)", repr(llm)), repr(llm)

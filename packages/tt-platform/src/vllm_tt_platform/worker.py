@@ -61,6 +61,12 @@ class TTWorker(WorkerBase):
     def get_model(self) -> Any:
         return self.runner.model
 
+    def get_model_inspection(self) -> str:
+        """What ``repr(vllm.LLM)`` prints. vLLM walks a torch module tree; a TT model is not a
+        torch module (``print(llm)`` raised), so it is named with its mesh and lanes."""
+        model = self.get_model()
+        return f"{type(model).__name__} (TT model; {self.setup.topology.describe()})"
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return self.runner.kv_cache_spec()
 
