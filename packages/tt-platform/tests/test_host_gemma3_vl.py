@@ -265,6 +265,20 @@ def test_prefix_hit_past_an_image_without_its_pixels(model, hf):
         runner.prefill([(0, ids, 10, len(ids))], [[pixels[:1], None]])
 
 
+def test_pan_and_scan_crops_and_a_prefix_hit_past_them(model, hf):
+    """An image with two pan-and-scan crops is one tensor ``[3, c, h, w]`` filling three
+    placeholder runs. Served again from a prefix-cache hit past all of them, it comes as one
+    None (its crop count unknown to the runner), and the logits still equal HF's."""
+    ids, pixels = prompt(15, [5, 4, 4, 6]), images(16, 3)
+    expected = hf_logits(hf, ids, pixels)[-1]
+    runner = Runner(model)
+    torch.testing.assert_close(runner.prefill([(0, ids, 0, len(ids))], [[pixels]])[0, -1], expected,
+                               atol=1e-4, rtol=1e-4)
+    past_crops = max(i for i, t in enumerate(ids) if t == IMAGE) + 2
+    torch.testing.assert_close(runner.prefill([(0, ids, past_crops, len(ids))], [[None]])[0, -1], expected,
+                               atol=1e-4, rtol=1e-4)
+
+
 def test_bad_image_inputs_are_refused(model):
     ids = prompt(12, [4, 4])
     runner = Runner(model)

@@ -150,6 +150,9 @@ class Gemma3VLDecoder(Gemma3Decoder):
                     f"tokens, the model expects mm_tokens_per_image={wanted} (or the chunk end cuts an "
                     "image: the runner must not split one across prefill chunks)"
                 )
+        if crops is not None and len(crops) < len(runs) and all(c is None for c in crops):
+            # Every image lies inside the prefix-cache hit: one None each, whatever its crops.
+            crops = [None] * len(runs)
         live = live_images(runs, start, crops, row, "image crops")
         if not live:
             return None
