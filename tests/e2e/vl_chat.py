@@ -14,11 +14,12 @@ from typing import Any
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image, user_message
 
 
-def images(kinds: tuple[int, ...], salt: int = 0) -> list[Any]:
-    """PIL images of these kinds; two of one kind (or another ``salt``) differ in their pixels."""
+def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 32)) -> list[Any]:
+    """PIL images (``size``: height, width) of these kinds; two of one kind (or another ``salt``)
+    differ in their pixels."""
     from PIL import Image
 
-    return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k)) for i, k in enumerate(kinds)]
+    return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k, size)) for i, k in enumerate(kinds)]
 
 
 def chat_text(processor: Any, count: int, question: str = QUESTION) -> str:
@@ -26,18 +27,20 @@ def chat_text(processor: Any, count: int, question: str = QUESTION) -> str:
 
 
 def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int, salt: int = 0, *,
-                nested: bool = False, add_special_tokens: bool = True,
-                question: str = QUESTION) -> tuple[list[int], list[int]]:
+                nested: bool = False, add_special_tokens: bool = True, question: str = QUESTION,
+                size: tuple[int, int] = (32, 32),
+                processor_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
     """HF's (prompt ids, greedy new tokens) for the chat prompt with these images. ``nested``:
     the processor takes one list of images per prompt (Gemma 3); ``add_special_tokens`` off
-    tokenizes as a chat endpoint does (the rendered template already holds bos)."""
+    tokenizes as a chat endpoint does (the rendered template already holds bos);
+    ``processor_kwargs``: what the request passes as vLLM's ``mm_processor_kwargs``."""
     import torch
 
     model, processor = hf_vl
-    pictures = images(kinds, salt)
+    pictures = images(kinds, salt, size)
     inputs = processor(text=[chat_text(processor, len(kinds), question)],
                        images=([pictures] if nested else pictures) if pictures else None,
-                       return_tensors="pt", add_special_tokens=add_special_tokens)
+                       return_tensors="pt", add_special_tokens=add_special_tokens, **(processor_kwargs or {}))
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     prompt = inputs["input_ids"][0].tolist()
@@ -56,8 +59,8 @@ def chat_body(model: str, parts: list[dict[str, Any]], max_tokens: int, question
             "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 
 
-def image_parts(kinds: tuple[int, ...], salt: int) -> list[dict[str, Any]]:
-    return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt)]
+def image_parts(kinds: tuple[int, ...], salt: int, size: tuple[int, int] = (32, 32)) -> list[dict[str, Any]]:
+    return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt, size)]
 
 
 LANES = 2

@@ -8,7 +8,12 @@ from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import SamplingParams
 from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_platform.config import request_checks
-from vllm_tt_platform.config.request_checks import RequestRules, TTUnsupportedRequestError, check_request
+from vllm_tt_platform.config.request_checks import (
+    RequestRules,
+    TTUnsupportedRequestError,
+    check_images,
+    check_request,
+)
 
 WITH = RequestRules(arch="TTWithForCausalLM", prompt_logprobs=True)
 WITHOUT = RequestRules(arch="TTWithoutForCausalLM", prompt_logprobs=False)
@@ -114,3 +119,19 @@ def test_allowed_token_ids_with_structured_outputs_is_refused():
     assert isinstance(err.value, VLLMClientError) and err.value.parameter == "allowed_token_ids"
     check_request(SamplingParams(allowed_token_ids=[5, 6]), WITH)
     check_request(SamplingParams(structured_outputs=StructuredOutputsParams(regex="[ab]+")), WITH)
+
+
+def test_an_image_longer_than_one_prefill_pass_is_refused():
+    """Images are never split over prefill chunks, so vLLM could never schedule a longer one:
+    refused in the front end, naming the span, the limit and the flag."""
+    from vllm.multimodal.inputs import PlaceholderRange
+
+    rules = RequestRules("TTGemma3ForConditionalGeneration", prompt_logprobs=False, image_tokens_per_pass=48)
+    fits = {"mm_placeholders": {"image": [PlaceholderRange(offset=4, length=18), PlaceholderRange(30, 48)]}}
+    check_images(fits, rules)
+    too_long = {"mm_placeholders": {"image": [PlaceholderRange(offset=4, length=18), PlaceholderRange(30, 70)]}}
+    with pytest.raises(TTUnsupportedRequestError, match=r"image 1 of the request spans 70 prompt tokens.*\(48.*"
+                                                        r"--max-num-batched-tokens of at least 70"):
+        check_images(too_long, rules)
+    check_images(too_long, RequestRules("TTLlamaForCausalLM", prompt_logprobs=True))  # not multimodal
+    check_images({"prompt_token_ids": [1, 2]}, rules)  # a text-only request

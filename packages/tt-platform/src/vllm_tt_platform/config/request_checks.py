@@ -29,10 +29,15 @@ class RequestRules:
     arch: str
     prompt_logprobs: bool
     """The model declares ``supports_prompt_logprobs``."""
+    image_tokens_per_pass: int | None = None
+    """Most prompt tokens one image may span (placeholders, and with Gemma 3's pan-and-scan the
+    crops and the text between them): images are never split over prefill chunks, so a longer
+    one could never be scheduled and would wait forever. None: not a multimodal model."""
 
     @classmethod
-    def of(cls, arch: str, caps: ModelCapabilities) -> RequestRules:
-        return cls(arch=arch, prompt_logprobs=caps.supports_prompt_logprobs)
+    def of(cls, arch: str, caps: ModelCapabilities, image_tokens_per_pass: int | None = None) -> RequestRules:
+        return cls(arch=arch, prompt_logprobs=caps.supports_prompt_logprobs,
+                   image_tokens_per_pass=image_tokens_per_pass)
 
 
 _installed: RequestRules | None = None
@@ -42,6 +47,26 @@ def install(rules: RequestRules) -> None:
     """Set the rules of the model this process serves (``configure`` calls it)."""
     global _installed
     _installed = rules
+
+
+def check_images(processed_inputs: Any, rules: RequestRules | None = None) -> None:
+    """Refuse an image whose placeholder span is longer than one prefill pass may be (before the
+    engine sees it: vLLM's scheduler would keep such a request waiting forever)."""
+    rules = _installed if rules is None else rules
+    limit = None if rules is None else rules.image_tokens_per_pass
+    placeholders = processed_inputs.get("mm_placeholders") if isinstance(processed_inputs, dict) else None
+    if limit is None or not placeholders:
+        return
+    for index, span in enumerate(placeholders.get("image", ())):
+        if span.length > limit:
+            raise TTUnsupportedRequestError(
+                f"image {index} of the request spans {span.length} prompt tokens (its placeholders, "
+                f"with pan-and-scan its crops and the text between them), more than one prefill pass "
+                f"of {rules.arch} takes ({limit}: images are never split over prefill chunks). Send a "
+                f"smaller image or fewer crops, or serve with --max-num-batched-tokens of at least "
+                f"{span.length}.",
+                parameter="image", value=span.length,
+            )
 
 
 def check_request(params: Any, rules: RequestRules | None = None) -> None:

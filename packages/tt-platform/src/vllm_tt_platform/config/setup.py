@@ -137,7 +137,9 @@ def configure(vllm_config: VllmConfig) -> None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
                     vllm_config.speculative_config.method)
-    request_checks.install(request_checks.RequestRules.of(setup.model.arch, caps))
+    request_checks.install(
+        request_checks.RequestRules.of(setup.model.arch, caps, _image_tokens_per_pass(vllm_config, caps))
+    )
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False
@@ -166,3 +168,18 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     scheduler.enable_chunked_prefill = True
 
+
+def _image_tokens_per_pass(vllm_config: VllmConfig, caps: ModelCapabilities) -> int | None:
+    """The longest image span one prefill chunk can hold (``RequestRules.image_tokens_per_pass``):
+    vLLM's step budget, its per-request chunk limit when set, the model's largest prefill trace;
+    None when images are not served or may be chunked (``restrict_modalities`` turns
+    ``disable_chunked_mm_input`` on)."""
+    sched = vllm_config.scheduler_config
+    if vllm_config.model_config.multimodal_config is None or not sched.disable_chunked_mm_input:
+        return None
+    limits = [sched.max_num_batched_tokens]
+    if sched.long_prefill_token_threshold > 0:
+        limits.append(sched.long_prefill_token_threshold)
+    if caps.prefill_trace_lens:
+        limits.append(max(caps.prefill_trace_lens))
+    return min(limits)
