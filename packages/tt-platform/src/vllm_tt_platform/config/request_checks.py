@@ -53,10 +53,10 @@ def check_images(processed_inputs: Any, rules: RequestRules | None = None) -> No
     """Refuse an image whose placeholder span is longer than one prefill pass may be (before the
     engine sees it: vLLM's scheduler would keep such a request waiting forever)."""
     rules = _installed if rules is None else rules
-    limit = None if rules is None else rules.image_tokens_per_pass
     placeholders = processed_inputs.get("mm_placeholders") if isinstance(processed_inputs, dict) else None
-    if limit is None or not placeholders:
+    if rules is None or rules.image_tokens_per_pass is None or not placeholders:
         return
+    limit = rules.image_tokens_per_pass
     for index, span in enumerate(placeholders.get("image", ())):
         if span.length > limit:
             raise TTUnsupportedRequestError(
