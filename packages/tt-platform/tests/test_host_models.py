@@ -422,3 +422,14 @@ def test_reading_host_models_imports_no_torch():
     code = "import sys, vllm_tt_platform.host.models as m; print(len(m.HOST_MODELS), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(len(HOST_MODELS)), "False"]
+
+
+@pytest.mark.parametrize("tower", ["siglip", "pixtral"])
+def test_a_vision_activation_the_host_tower_lacks_is_refused(tower):
+    from vllm_tt_platform.host.models.pixtral import PixtralConfig
+    from vllm_tt_platform.host.models.siglip import SiglipConfig
+
+    config_cls = {"siglip": SiglipConfig, "pixtral": PixtralConfig}[tower]
+    vision = types.SimpleNamespace(_name_or_path="tiny-vl", hidden_act="quick_gelu")
+    with pytest.raises(TTUnsupportedFeatureError, match=r"tiny-vl: vision_config.hidden_act.*quick_gelu"):
+        config_cls.from_hf(vision)

@@ -182,6 +182,16 @@ def positive_int(hf_config: Any, name: str, model: str) -> int:
     return value
 
 
+def vision_activation(hf_vision: Any, model: str, implemented: tuple[str, ...]) -> str:
+    """``vision_config.hidden_act``, when it is one the host vision tower ``implemented``."""
+    act = getattr(hf_vision, "hidden_act", None)
+    if act not in implemented:
+        raise TTUnsupportedFeatureError(
+            f"{model}: vision_config.hidden_act", act, ", ".join(implemented), "serve this model with a ttnn mesh",
+        )
+    return str(act)
+
+
 LAYER_TYPES: tuple[str, ...] = ("sliding_attention", "full_attention")
 """The ``layer_types`` entries hybrid-KV families (Gemma 3, GPT-OSS) serve."""
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.host.models.checkpoint import CheckpointError, _SafetensorsFolder
-from vllm_tt_platform.host.models.config import model_name, positive_int
+from vllm_tt_platform.host.models.config import model_name, positive_int, vision_activation
 
 VISION_ACTIVATIONS: tuple[str, ...] = ("gelu_pytorch_tanh", "gelu")
 
@@ -47,12 +47,7 @@ class SiglipConfig:
     @classmethod
     def from_hf(cls, hf_vision: Any) -> SiglipConfig:
         model = model_name(hf_vision)
-        act = getattr(hf_vision, "hidden_act", None)
-        if act not in VISION_ACTIVATIONS:
-            raise TTUnsupportedFeatureError(
-                f"{model}: vision_config.hidden_act", act, ", ".join(VISION_ACTIVATIONS),
-                "serve this model with a ttnn mesh",
-            )
+        act = vision_activation(hf_vision, model, VISION_ACTIVATIONS)
         if getattr(hf_vision, "vision_use_head", False):
             raise TTUnsupportedFeatureError(
                 f"{model}: vision_config.vision_use_head", True, "false",
