@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from types import SimpleNamespace
 
 import numpy as np
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -90,3 +92,28 @@ def test_vllm_admits_nothing_while_max_num_active_reqs_is_zero():
     assert output.total_num_scheduled_tokens == 0
     assert [request.request_id for request in sched.waiting] == ["r0", "r1", "r2"]
     assert not sched.running and not sched.kv_holding_waiting
+
+
+def _items(*spans: tuple[int, int]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(mm_position=SimpleNamespace(offset=o, length=n)) for o, n in spans]
+
+
+def test_whole_mm_items_ends_a_chunk_before_an_image_it_would_cut():
+    images = _items((7, 18), (30, 18))
+    assert compat.whole_mm_items(images, 0, 40) == 30, "cuts the second image: ends before it"
+    assert compat.whole_mm_items(images, 0, 48) == 48, "covers both"
+    assert compat.whole_mm_items(images, 0, 20) == 7, "cuts the first"
+    assert compat.whole_mm_items(images, 0, 25) == 25, "covers the first, stops before the second"
+    assert compat.whole_mm_items(images, 7, 10) == 0, "starts at an image it cannot cover: waits"
+    assert compat.whole_mm_items(images, 10, 30) == 20, "starts inside the first (a cache hit): ends before the second"
+    assert compat.whole_mm_items(None, 0, 48) == 48
+
+
+def test_tombstone_whole_mm_items():
+    """vLLM 0.33 applies the same rule itself (``<=``: also to a chunk starting at the image),
+    before it skips an image scheduled or cached already."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    has_rule = "num_computed_tokens <= start_pos" in inspect.getsource(Scheduler._try_schedule_encoder_inputs)
+    Tombstone("vllm_tt_scheduler.compat.SchedulerBackports._try_schedule_encoder_inputs", DIST,
+              needed_through="0.32").check(needed_here=not has_rule)

@@ -52,8 +52,30 @@ HAS_SCHEDULER_HAS_REQUEST = hasattr(Scheduler, "has_request")
 """``Scheduler.has_request`` (part of the scheduler interface from vLLM 0.33)."""
 
 
+def whole_mm_items(mm_features: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
+    """``num_new_tokens`` shortened so that the chunk ``[num_computed_tokens, +num_new_tokens)``
+    ends before the first multimodal item it would only partly cover (vLLM 0.33's rule for
+    ``disable_chunked_mm_input``); a chunk starting inside an item (a prefix-cache hit) is left."""
+    end = num_computed_tokens + num_new_tokens
+    for feature in mm_features or ():
+        start = feature.mm_position.offset
+        if num_computed_tokens <= start < end < start + feature.mm_position.length:
+            return start - num_computed_tokens
+    return num_new_tokens
+
+
 class SchedulerBackports(Scheduler):
     """vLLM's ``Scheduler`` plus the methods later releases added, where this one lacks them."""
+
+    def _try_schedule_encoder_inputs(self, request: Any, num_computed_tokens: int, num_new_tokens: int,
+                                     *args: Any, **kwargs: Any) -> Any:
+        """Images are never split over prefill chunks (``disable_chunked_mm_input``), but vLLM
+        0.31 skips that rule for an image another request scheduled in the same step or the
+        encoder cache holds, and 0.31/0.32 split an image a chunk starts exactly at: the chunk
+        is shortened here by 0.33's rule (``whole_mm_items``) before vLLM schedules it."""
+        if self.scheduler_config.disable_chunked_mm_input and not self.is_encoder_decoder:
+            num_new_tokens = whole_mm_items(request.mm_features, num_computed_tokens, num_new_tokens)
+        return super()._try_schedule_encoder_inputs(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
 
     if not HAS_SCHEDULER_HAS_REQUEST:
 
