@@ -29,6 +29,7 @@ import torch
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+from vllm_tt_sampling.acceptance import accept_greedy
 from vllm_tt_sampling.host import rejection_kernels
 from vllm_tt_sampling.host.batch import HostSamplingBatch
 from vllm_tt_sampling.host.compat import PortableSampler
@@ -96,10 +97,7 @@ class DraftVerifier:
 
     def _counter_row(self, logits: torch.Tensor, slot: int, drafts: Sequence[int]) -> list[int]:
         """A counter-seeded row: its drafts while they equal its own draws, then the first draw
-        that differs (or the draw after the last draft); see the module docstring."""
-        tokens: list[int] = []
-        for ahead in range(len(drafts) + 1):
-            tokens.append(self.batch.counter_draw(logits[ahead], slot, ahead))
-            if ahead < len(drafts) and tokens[-1] != drafts[ahead]:
-                break
-        return tokens
+        that differs (or the draw after the last draft); see the module docstring. The draws
+        play the target's tokens in greedy acceptance (one rule, ``accept_greedy``)."""
+        draws = [self.batch.counter_draw(logits[ahead], slot, ahead) for ahead in range(len(drafts) + 1)]
+        return accept_greedy([draws], [drafts])[0]
