@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -127,7 +128,10 @@ def _forget_bundles(tmp_path: Path):
     finder = bundle_finder()
     for folder in {f for f in finder.claims().values() if f.is_relative_to(tmp_path.resolve())}:
         finder.release(folder)
+    # A prefix test, not Path.resolve() per module: with vLLM and torch imported that is ~10k
+    # modules, and resolving each cost 10-20 s a test.
+    prefixes = tuple({f"{tmp_path}{os.sep}", f"{tmp_path.resolve()}{os.sep}"})
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None) or ""
-        if origin and Path(origin).resolve().is_relative_to(tmp_path.resolve()):
+        if origin.startswith(prefixes):
             del sys.modules[name]
