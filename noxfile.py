@@ -7,6 +7,7 @@ environment (scripts/env.sh). docs/support-policy.md says how the window below m
 
 from __future__ import annotations
 
+import os
 import sys
 
 import nox
@@ -26,7 +27,14 @@ VLLM_VERSIONS = ["0.31.0", "0.32.0", "0.33.0"]
 NEWEST = VLLM_VERSIONS[-1]
 PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
 SOURCES = [f"{p}/src" for p in PACKAGES]
-TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": ""}
+TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": "",
+            "PYTHONDONTWRITEBYTECODE": ""}
+"""``PYTHONDONTWRITEBYTECODE`` emptied: the test environment is ours, and without bytecode every
+engine process compiles vLLM's, torch's and transformers' sources again (about 40 % of a start)."""
+WORKERS = ["-n", os.environ.get("TT_TEST_WORKERS", "2"), "--dist", "loadscope"]
+"""pytest-xdist: engine start-ups are one process importing while the other core is free, so two
+workers nearly halve the suite on two cores; ``vllm_tt_testing.suite_order`` deals the modules
+out longest first. ``TT_TEST_WORKERS=0`` runs the suite in one process."""
 LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-jsonschema"]
 
 
@@ -46,14 +54,14 @@ def _install(session: nox.Session, vllm: str, *extra: str) -> None:
 def tests(session: nox.Session, vllm: str) -> None:
     """The whole suite (unit, integration, end to end) against one vLLM release."""
     _install(session, vllm)
-    session.run("pytest", *session.posargs, env=TEST_ENV)
+    session.run("pytest", *WORKERS, "--suite-times", "build/suite_times", *session.posargs, env=TEST_ENV)
 
 
 @nox.session
 def unit(session: nox.Session) -> None:
     """Fast tests that never start a vLLM engine (newest vLLM)."""
     _install(session, NEWEST)
-    session.run("pytest", "-m", "not e2e", *session.posargs, env=TEST_ENV)
+    session.run("pytest", *WORKERS, "-m", "not e2e", *session.posargs, env=TEST_ENV)
 
 
 @nox.session

@@ -1,25 +1,70 @@
-"""Trained tiny checkpoints shared by every test of a session.
+"""Tiny checkpoints shared by every test of a run, and by the runs after it on this machine.
 
-Training a tiny model costs seconds to a minute on two cores; the host-model parity tests and
-the end-to-end tests of a family want the same weights, so both ask for them here and the
-second asks finds the folder built (``build_tiny_checkpoint`` is idempotent per recipe).
+Training a tiny model costs seconds to a minute on two cores, and the host-model parity tests
+and the end-to-end tests of a family want the same weights, perhaps in two pytest-xdist
+workers at once. So every checkpoint is built once into a machine-wide cache, in a folder named
+by its recipe and by the source of the code that builds it (a change to a recipe or to the
+builder is a new folder, never a stale one), under a file lock: the second asker waits, then
+finds the folder built (every builder is idempotent per recipe and writes its stamp last).
+``TT_TEST_CACHE`` moves the cache (an empty folder measures a cold run).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+CACHE_ENV = "TT_TEST_CACHE"
 
-def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str, train_steps: int) -> Path:
-    """The tiny ``arch`` checkpoint trained ``train_steps`` steps, one folder per session."""
+
+def cache_root() -> Path:
+    """``$TT_TEST_CACHE``, else ``vllm-tt/test-checkpoints`` in the user's cache folder."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-tt" / "test-checkpoints"
+
+
+def _code_key(*parts: object) -> str:
+    """Digest of ``parts`` plus the source of the tiny-model modules (the platform's and the
+    vision-language recipes' shared one) and the corpus, and the torch and transformers
+    versions: what a saved checkpoint depends on."""
+    import torch
+    import transformers
+    import vllm_tt_platform.host.tiny as tiny
+
+    from vllm_tt_testing import tiny_vl
+
+    digest = hashlib.sha256()
+    for part in (*parts, inspect.getsource(tiny), tiny.corpus_text(), inspect.getsource(tiny_vl),
+                 torch.__version__, transformers.__version__):
+        digest.update(str(part).encode())
+    return digest.hexdigest()[:12]
+
+
+def cached(name: str, build: Callable[[Path], Path], *recipe: object) -> Path:
+    """``build(folder)`` into the machine-wide cache, once per ``name``, ``recipe`` values and
+    builder source; concurrent askers (xdist workers) wait for the first."""
+    from filelock import FileLock
+
+    source = inspect.getsource(inspect.getmodule(build) or build)
+    folder = cache_root() / f"{name}-{_code_key(name, source, *recipe)}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        return build(folder)
+
+
+def cached_tiny(arch: str, train_steps: int = 0) -> Path:
+    """The tiny ``arch`` checkpoint (``build_tiny_checkpoint``), trained ``train_steps`` steps."""
     from vllm_tt_platform.host.tiny import build_tiny_checkpoint
 
-    folder = tmp_path_factory.getbasetemp() / f"tiny-{arch}-trained-{train_steps}"
-    return build_tiny_checkpoint(arch, folder, train_steps=train_steps)
+    return cached(f"tiny-{arch}-{train_steps}", lambda out: build_tiny_checkpoint(arch, out, train_steps=train_steps),
+                  arch, train_steps)
 
 
 def parity_fixtures(
@@ -31,8 +76,8 @@ def parity_fixtures(
     rows of ``max_len`` positions."""
 
     @pytest.fixture(scope="module", name="checkpoint")
-    def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return trained_checkpoint(tmp_path_factory, arch, train_steps)
+    def checkpoint() -> Path:
+        return cached_tiny(arch, train_steps)
 
     @pytest.fixture(scope="module", name="hf")
     def hf(checkpoint: Path) -> Any:

@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+from vllm_tt_testing.suite_clock import engine_started
 
 
 def free_port() -> int:
@@ -34,13 +36,20 @@ class Server:
     url: str
 
 
+SPAWN = "spawn"
+"""``vllm serve``'s own default start method for the engine core (what users run), kept by the
+tests of the README's server, shutdown and multi-host; the others fork it from the API server,
+which saves the engine core's second import of vLLM and torch (about a third of a start)."""
+
+
 @contextlib.contextmanager
 def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600.0,
-                  log: Path | None = None) -> Iterator[Server]:
+                  log: Path | None = None, start_method: str = "fork") -> Iterator[Server]:
     """Run ``vllm serve`` on 127.0.0.1 in its own process group and yield it once /health
     answers; afterwards it is stopped and nothing of its tree is left running."""
     port = free_port()
-    full_env = {**os.environ, "TT_MESH_BACKEND": "host", **(env or {})}
+    full_env = {**os.environ, "TT_MESH_BACKEND": "host", "VLLM_WORKER_MULTIPROC_METHOD": start_method, **(env or {})}
+    engine_started("serve")
     log_file = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         vllm_command("serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args),
@@ -74,10 +83,18 @@ def serve_process(model: Path, *args: str, env: dict[str, str] | None = None, ti
 
 @contextlib.contextmanager
 def serve(model: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600.0,
-          log: Path | None = None) -> Iterator[str]:
+          log: Path | None = None, start_method: str = "fork") -> Iterator[str]:
     """Run ``vllm serve`` on 127.0.0.1 and yield its base URL once /health answers."""
-    with serve_process(model, *args, env=env, timeout=timeout, log=log) as server:
+    with serve_process(model, *args, env=env, timeout=timeout, log=log, start_method=start_method) as server:
         yield server.url
+
+
+def offline_llm(**engine_args: Any) -> Any:
+    """``vllm.LLM(**engine_args)``, counted by the suite clock."""
+    from vllm import LLM
+
+    engine_started("llm")
+    return LLM(**engine_args)
 
 
 @dataclass
@@ -111,10 +128,12 @@ def two_hosts(model: Path, root: Path, dp: int, local: int, *args: str, env: dic
     """Two process trees on loopback as two hosts: the head (ranks 0..local-1 and the OpenAI
     server, model name ``tiny``) and one ``--headless`` host (the next ``local`` ranks)."""
     port, rpc = free_port(), free_port()
-    full_env = {**os.environ, "TT_MESH_BACKEND": "host", "VLLM_HOST_IP": "127.0.0.1", **(env or {})}
+    full_env = {**os.environ, "TT_MESH_BACKEND": "host", "VLLM_HOST_IP": "127.0.0.1",
+                "VLLM_WORKER_MULTIPROC_METHOD": SPAWN, **(env or {})}
     common = [str(model), "--data-parallel-size", str(dp), "--data-parallel-size-local", str(local),
               "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc), *args]
     head_log, headless_log = root / "head.log", root / "headless.log"
+    engine_started("two-hosts")
     head = _start_serve([*common, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                    "--api-server-count", "1"], full_env, head_log)
     headless = _start_serve([*common, "--headless", "--data-parallel-start-rank", str(local)], full_env, headless_log)

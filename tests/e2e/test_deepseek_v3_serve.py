@@ -12,9 +12,9 @@ import random
 from pathlib import Path
 
 import pytest
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -28,20 +28,20 @@ CHUNK = 64
 
 
 @pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory) -> Path:
-    return trained_checkpoint(tmp_path_factory, "deepseek_v3", TRAIN_STEPS)
+def deepseek_dir() -> Path:
+    return cached_tiny("deepseek_v3", TRAIN_STEPS)
 
 
 def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(deepseek_dir):
     """Six prompts (40-150 tokens, up to three chunks) at once on 4 rows, 20 blocks of 32
     tokens for requests that each grow past 100 tokens: vLLM preempts and later recomputes
     requests, and every output is still transformers'."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     rng = random.Random(21)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (40, 150, 65, 130, 90, 5)]
-    llm = LLM(
+    llm = offline_llm(
         model=str(deepseek_dir), max_num_seqs=ROWS, max_model_len=256, seed=0, block_size=32,
         num_gpu_blocks_override=20, max_num_batched_tokens=CHUNK, enable_prefix_caching=False,
         disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}},

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -20,10 +20,10 @@ WINDOW = 32
 
 
 @pytest.fixture(scope="module")
-def gemma3_checkpoint(tmp_path_factory):
+def gemma3_checkpoint():
     """The tiny Gemma 3 (sliding, sliding, full), trained so that greedy margins are not ties;
     the folder the host model tests build (same recipe), so a session builds it once."""
-    return trained_checkpoint(tmp_path_factory, "gemma3", 200)
+    return cached_tiny("gemma3", 200)
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -32,11 +32,10 @@ def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
 
 
 def _llm(model_dir, tt: dict | None = None, **kwargs):
-    from vllm import LLM
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
-        return LLM(
+        return offline_llm(
             model=str(model_dir), block_size=32, seed=0, disable_log_stats=False,
             additional_config={"tt": {"mesh_backend": "host", **(tt or {})}}, **kwargs,
         )

@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_gemma3_vl import MM_TOKENS, build_tiny_gemma3_vl
 from vllm_tt_testing.tiny_vl import QUESTION
 
-from tests.e2e.helpers import serve
+from tests.e2e.helpers import offline_llm, serve
 from tests.e2e.vl_chat import (
     assert_every_lane_prefilled_an_image,
     chat_body,
@@ -47,8 +48,8 @@ WIDE = (32, 64)
 
 
 @pytest.fixture(scope="session")
-def gemma3_vl_checkpoint(tmp_path_factory):
-    return build_tiny_gemma3_vl(tmp_path_factory.getbasetemp() / "tiny-gemma3-vl-trained")
+def gemma3_vl_checkpoint():
+    return cached("tiny-gemma3-vl-trained", build_tiny_gemma3_vl)
 
 
 @pytest.fixture(scope="session")
@@ -98,12 +99,11 @@ def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) ->
 @pytest.fixture(scope="module")
 def gemma3_vl_llm(gemma3_vl_checkpoint, tmp_path_factory):
     """One ``vllm.LLM`` engine (4 rows, 48-token step budget, pan-and-scan on) and its scheduler step trace."""
-    from vllm import LLM
 
     trace = tmp_path_factory.mktemp("gemma3-vl-steps") / "steps.jsonl"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TT_STEP_TRACE", str(trace))
-        llm = LLM(model=str(gemma3_vl_checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
+        llm = offline_llm(model=str(gemma3_vl_checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
                   max_num_batched_tokens=CHUNK, enable_chunked_prefill=True, limit_mm_per_prompt={"image": 2},
                   mm_processor_kwargs=PAN_AND_SCAN, seed=0, additional_config={"tt": {"mesh_backend": "host"}})
     yield llm, trace

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -25,8 +25,8 @@ BLOCKS = 40
 
 
 @pytest.fixture(scope="module")
-def gemma4_checkpoint(tmp_path_factory):
-    return trained_checkpoint(tmp_path_factory, "gemma4", TRAIN_STEPS)
+def gemma4_checkpoint():
+    return cached_tiny("gemma4", TRAIN_STEPS)
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -51,11 +51,10 @@ def _counter(llm, name: str) -> int:
 def rounds(gemma4_checkpoint):
     """One engine: its KV plan, then (name, prompts, outputs, max_tokens) per round and the
     preemptions each round caused."""
-    from vllm import LLM
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
-        llm = LLM(
+        llm = offline_llm(
             model=str(gemma4_checkpoint), block_size=32, seed=0, disable_log_stats=False, max_num_seqs=4,
             max_model_len=256, num_gpu_blocks_override=BLOCKS, additional_config={"tt": {"mesh_backend": "host"}},
         )

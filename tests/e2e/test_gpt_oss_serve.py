@@ -11,9 +11,9 @@ import random
 from pathlib import Path
 
 import pytest
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +26,8 @@ TRAIN_STEPS = 200
 
 
 @pytest.fixture(scope="module")
-def gpt_oss_dir(tmp_path_factory) -> Path:
-    return trained_checkpoint(tmp_path_factory, "gpt_oss", TRAIN_STEPS)
+def gpt_oss_dir() -> Path:
+    return cached_tiny("gpt_oss", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,11 @@ def prompts_and_expected(gpt_oss_dir) -> tuple[list[list[int]], list[list[int]]]
 
 
 def test_offline_greedy_matches_transformers(gpt_oss_dir, prompts_and_expected):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts, expected = prompts_and_expected
-    llm = LLM(
+    llm = offline_llm(
         model=str(gpt_oss_dir), max_num_seqs=ROWS, max_model_len=512, seed=0,
         additional_config={"tt": {"mesh_backend": "host"}},
     )
@@ -58,12 +58,12 @@ def test_offline_greedy_matches_transformers_under_preemption(gpt_oss_dir):
     """20 blocks of 32 tokens for four requests that each grow to ~200 tokens: vLLM preempts and
     later recomputes requests (one prefill of prompt and generated tokens, past the window, with
     the sinks and routed experts), and every output is still transformers'."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     rng = random.Random(12)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (40, 50, 60, 70, 45, 55)]
-    llm = LLM(
+    llm = offline_llm(
         model=str(gpt_oss_dir), max_num_seqs=ROWS, max_model_len=256, seed=0, block_size=32,
         num_gpu_blocks_override=20, enable_prefix_caching=False, disable_log_stats=False,
         additional_config={"tt": {"mesh_backend": "host"}},

@@ -21,6 +21,8 @@ import pytest
 import torch
 from vllm_tt_platform.host.models.hybrid_kv import HybridKVCausalLM
 
+from tests.e2e.helpers import offline_llm
+
 pytestmark = pytest.mark.e2e
 
 WINDOW = 40
@@ -80,13 +82,13 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _serve(model_dir: Path, bundle: Path, prompts: list[list[int]], **engine_args: Any) -> list[list[int]]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the test reads WindowedLlama.calls
         patch.setenv("EXTRA_MODELS_DIR", str(bundle))
-        llm = LLM(model=str(model_dir), max_num_seqs=MAX_NUM_SEQS, max_model_len=256, block_size=BLOCK,
+        llm = offline_llm(model=str(model_dir), max_num_seqs=MAX_NUM_SEQS, max_model_len=256, block_size=BLOCK,
                   seed=0, num_gpu_blocks_override=160, enable_prefix_caching=False,
                   additional_config={"tt": {"mesh_backend": "host"}}, **engine_args)
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_mistral3 import build_tiny_mistral3
 from vllm_tt_testing.tiny_vl import QUESTION
 
@@ -41,8 +42,8 @@ LONG_QUESTION = " ".join([QUESTION] * 8)
 
 
 @pytest.fixture(scope="session")
-def mistral3_checkpoint(tmp_path_factory):
-    return build_tiny_mistral3(tmp_path_factory.getbasetemp() / "tiny-mistral3-trained")
+def mistral3_checkpoint():
+    return cached("tiny-mistral3-trained", build_tiny_mistral3)
 
 
 @pytest.fixture(scope="session")

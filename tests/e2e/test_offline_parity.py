@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.e2e.helpers import hf_greedy
+from tests.e2e.helpers import hf_greedy, offline_llm
 
 pytestmark = pytest.mark.e2e
 
@@ -26,10 +26,9 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def engine(request, tiny_checkpoint):
-    from vllm import LLM
 
     model_dir = tiny_checkpoint(request.param)
-    llm = LLM(
+    llm = offline_llm(
         model=str(model_dir), max_num_seqs=MAX_NUM_SEQS, max_model_len=512, seed=0,
         additional_config={"tt": {"mesh_backend": "host"}},
     )

@@ -10,6 +10,8 @@ import random
 
 import pytest
 
+from tests.e2e.helpers import offline_llm
+
 pytestmark = pytest.mark.e2e
 
 BUDGET = 64
@@ -19,13 +21,11 @@ BUDGET = 64
 def traced_engine(request, tiny_checkpoint, tmp_path_factory):
     import os
 
-    from vllm import LLM
-
     trace = tmp_path_factory.mktemp("trace") / "steps.jsonl"
     os.environ["TT_STEP_TRACE"] = str(trace)
     tt = {"mesh_backend": "host"} if request.param is None else {"mesh_backend": "host", "step_cost": request.param}
     try:
-        llm = LLM(model=str(tiny_checkpoint("qwen3")), max_num_seqs=4, max_model_len=512,
+        llm = offline_llm(model=str(tiny_checkpoint("qwen3")), max_num_seqs=4, max_model_len=512,
                   max_num_batched_tokens=BUDGET, seed=0, additional_config={"tt": tt})
     finally:
         del os.environ["TT_STEP_TRACE"]

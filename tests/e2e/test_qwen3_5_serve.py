@@ -15,9 +15,9 @@ import random
 from pathlib import Path
 
 import pytest
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, serve
+from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -29,15 +29,15 @@ CHUNK = 64
 
 
 @pytest.fixture(scope="module")
-def qwen3_5_dir(tmp_path_factory) -> Path:
-    return trained_checkpoint(tmp_path_factory, "qwen3_5", TRAIN_STEPS)
+def qwen3_5_dir() -> Path:
+    return cached_tiny("qwen3_5", TRAIN_STEPS)
 
 
 def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(qwen3_5_dir):
     """Seven prompts (2-190 tokens, up to four chunks) at once on 4 rows, 16 blocks of 32 tokens
     in the attention group for requests that each grow past 100 tokens: vLLM preempts and later
     recomputes requests, and every output is still transformers'."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
@@ -45,7 +45,7 @@ def test_offline_greedy_matches_transformers_in_chunks_and_under_preemption(qwen
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (40, 190, 65, 130, 90, 2, 150)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to inspect it
-        llm = LLM(
+        llm = offline_llm(
             model=str(qwen3_5_dir), max_num_seqs=ROWS, max_model_len=256, seed=0, block_size=32,
             num_gpu_blocks_override=24, max_num_batched_tokens=CHUNK, disable_log_stats=False,
             additional_config={"tt": {"mesh_backend": "host"}},

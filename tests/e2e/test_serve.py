@@ -7,7 +7,7 @@ import concurrent.futures
 
 import pytest
 
-from tests.e2e.helpers import serve
+from tests.e2e.helpers import SPAWN, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ def server(tiny_checkpoint, tmp_path_factory):
     model_dir = tiny_checkpoint("llama")
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with serve(model_dir, "--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "512",
-               log=log) as url:
+               log=log, start_method=SPAWN) as url:  # exactly the README's server
         yield url
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from vllm_tt_platform import compat
 
-from tests.e2e.helpers import Server, living_group_members, serve_process
+from tests.e2e.helpers import SPAWN, Server, living_group_members, serve_process
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +101,7 @@ def _report(case: str, outcome: Outcome) -> None:
 def test_default_mode_aborts_in_flight_requests_with_an_answer_and_exits(
         tiny_checkpoint, tmp_path: Path, signum: int, to_group: bool):
     log = tmp_path / "serve.log"
-    with serve_process(tiny_checkpoint("llama"), *SLOW_SERVER, log=log) as server:
+    with serve_process(tiny_checkpoint("llama"), *SLOW_SERVER, log=log, start_method=SPAWN) as server:
         if not compat.VLLM_GRANTS_CLEANUP_WINDOW_ON_REQUEST:
             # This vLLM kills the EngineCore at SIGTERM with no window to answer: the platform
             # cannot fix that and says so at startup (docs/reliability.md).
@@ -125,7 +125,7 @@ def test_shutdown_timeout_drains_in_flight_requests_to_the_end(tiny_checkpoint, 
     drain_s = 30
     max_tokens = 100
     with serve_process(tiny_checkpoint("llama"), *SLOW_SERVER, "--shutdown-timeout", str(drain_s),
-                       log=tmp_path / "serve.log") as server:
+                       log=tmp_path / "serve.log", start_method=SPAWN) as server:
         outcome = _signal_with_requests_in_flight(
             server, signal.SIGTERM, to_group=False, max_tokens=max_tokens, bound_s=drain_s + EXIT_SLACK_S,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import assert_greedy_equal, hf_greedy, repetitive_prompts
+from tests.e2e.helpers import assert_greedy_equal, hf_greedy, offline_llm, repetitive_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -27,10 +27,9 @@ MAX_NUM_SEQS = 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint):
-    from vllm import LLM
 
     model_dir = tiny_checkpoint("llama")
-    llm = LLM(
+    llm = offline_llm(
         model=str(model_dir), max_num_seqs=MAX_NUM_SEQS, max_model_len=256, seed=0,
         speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                             "prompt_lookup_min": 1},

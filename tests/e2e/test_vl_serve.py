@@ -15,10 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import serve
+from tests.e2e.helpers import offline_llm, serve
 from tests.e2e.vl_chat import chat_text, image_parts, images
 
 pytestmark = pytest.mark.e2e
@@ -31,8 +32,8 @@ LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 
 
 @pytest.fixture(scope="session")
-def qwen_vl_checkpoint(tmp_path_factory):
-    return build_tiny_qwen_vl(tmp_path_factory.getbasetemp() / "tiny-qwen2_5_vl-trained")
+def qwen_vl_checkpoint():
+    return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +55,11 @@ def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = Fa
 def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_checkpoint, hf_vl):
     """Seven mixed requests on 4 decode rows with 8 KV blocks of 32 tokens: vLLM preempts some
     and resumes them (a fresh prefill with their images; the model returns the mRoPE delta again)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
-        llm = LLM(model=str(qwen_vl_checkpoint), max_model_len=192, max_num_seqs=4, block_size=32,
+        llm = offline_llm(model=str(qwen_vl_checkpoint), max_model_len=192, max_num_seqs=4, block_size=32,
                   num_gpu_blocks_override=8, enable_prefix_caching=False, limit_mm_per_prompt={"image": 2},
                   seed=0, disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}})
     processor = hf_vl[1]

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny HF checkpoints, built once per test session from the package itself."""
+"""Shared fixtures: transformers models of the tiny checkpoints (``tiny_checkpoint`` comes from
+``vllm_tt_testing.fixtures``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,6 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``tiny_checkpoint(arch)`` -> folder of the untrained tiny ``arch`` checkpoint."""
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("tiny")
-    return lambda arch: build_tiny_checkpoint(arch, root / arch)
 
 
 @pytest.fixture(scope="session")

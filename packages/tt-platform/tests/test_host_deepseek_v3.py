@@ -22,7 +22,7 @@ from vllm_tt_platform.host.models.deepseek_v3 import HostDeepseekV3ForCausalLM
 from vllm_tt_platform.host.models.deepseek_v3_config import DeepseekV3Config
 from vllm_tt_platform.host.models.deepseek_v3_moe import RoutedExperts, route, routed_moe
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
@@ -35,8 +35,8 @@ TRAIN_STEPS = 120
 
 
 @pytest.fixture(scope="session")
-def deepseek_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trained_checkpoint(tmp_path_factory, "deepseek_v3", TRAIN_STEPS)
+def deepseek_dir() -> Path:
+    return cached_tiny("deepseek_v3", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from vllm_tt_platform.host.models.gpt_oss_config import GptOssConfig
 from vllm_tt_platform.host.models.moe import moe_mlp
 from vllm_tt_platform.host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
@@ -37,9 +37,9 @@ TRAIN_STEPS = 200
 
 
 @pytest.fixture(scope="session")
-def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gpt_oss_dir() -> Path:
     """The tiny GPT-OSS, briefly trained so greedy margins are not ties."""
-    return trained_checkpoint(tmp_path_factory, "gpt_oss", TRAIN_STEPS)
+    return cached_tiny("gpt_oss", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from vllm_tt_platform.host.models.gated_delta import RecurrentState
 from vllm_tt_platform.host.models.qwen3_5 import HostQwen3_5ForCausalLM
 from vllm_tt_platform.host.models.qwen3_5_config import Qwen3_5Config
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.checkpoints import trained_checkpoint
+from vllm_tt_testing.checkpoints import cached_tiny
 from vllm_tt_testing.contract_driver import RECURRENT, ContractDriver
 from vllm_tt_testing.parity import assert_matches_hf, prompts
 
@@ -32,8 +32,8 @@ TRAIN_STEPS = 100
 
 
 @pytest.fixture(scope="session")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trained_checkpoint(tmp_path_factory, "qwen3_5", TRAIN_STEPS)
+def qwen_dir() -> Path:
+    return cached_tiny("qwen3_5", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="session")
