@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from vllm_tt_platform.runner.model_runner import TTModelRunner
-from vllm_tt_platform.runner.step_sampling import StepSampling
+from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.worker import TTWorker
 
 

@@ -12,15 +12,15 @@ from vllm.sampling_params import SamplingParams
 from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError, is_host_output, parse
-from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.runner.sampling_output import (
+from vllm_tt_platform.runner.sampling.inputs import device_sampling_kwargs
+from vllm_tt_platform.runner.sampling.output import (
     UNKNOWN_RANK,
     PromptLogprobs,
     from_device,
     from_host,
     positions,
 )
-from vllm_tt_platform.runner.sampling_trace import (
+from vllm_tt_platform.runner.sampling.trace import (
     JsonlSamplingTrace,
     NullSamplingTrace,
     open_sampling_trace,

@@ -31,7 +31,7 @@ from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation, real_drafts
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
-from vllm_tt_platform.runner.step_sampling import StepSampling
+from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)

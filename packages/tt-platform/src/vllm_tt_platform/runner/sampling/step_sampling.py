@@ -30,12 +30,12 @@ from vllm_tt_sampling.stats import SamplingStats
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.runner import sampling_output
+from vllm_tt_platform.runner.sampling import output as sampling_output
 from vllm_tt_platform.runner.async_decode import SteadySampling
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.model_output import ModelOutput
-from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
+from vllm_tt_platform.runner.sampling.inputs import device_sampling_kwargs
+from vllm_tt_platform.runner.sampling.trace import open_sampling_trace
 from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
 
 logger = init_logger("vllm." + __name__)
