@@ -88,6 +88,17 @@ def test_a_lane_batch_decode_with_mrope_deltas_and_device_sampling_sends_what_th
     }
 
 
+def test_device_sampling_says_what_keeps_a_decode_from_overlapping():
+    batch, _ = lane_batch()
+    plan = decode_plan(batch)
+    penalised = builder().sampling(plan, DEVICE)
+    assert penalised is not None and penalised.penalties and not penalised.logprobs
+    batch.requests["a"].sampling_params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=1)
+    logprobs = builder().sampling(plan, DEVICE)
+    assert logprobs is not None and logprobs.logprobs and not logprobs.penalties
+    assert set(logprobs.to_contract_kwargs()) == {"sampling_params"}
+
+
 def test_a_host_sampled_decode_sends_neither_sampling_nor_reset_batch():
     batch, _ = lane_batch()
     plan = decode_plan(batch)
