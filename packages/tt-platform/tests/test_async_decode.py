@@ -286,13 +286,13 @@ def test_reset_batch_marks_layout_changes():
     batch = make_batch(("a", GREEDY), ("b", GREEDY))
     overlap = make_overlap()
     both, only_a = rows_of(batch, "a", "b"), rows_of(batch, "a")
-    assert overlap.decode_kwargs(both, device_sampled=True) == {"reset_batch": True}
-    assert overlap.decode_kwargs(both, device_sampled=True) == {"reset_batch": False}
-    assert overlap.decode_kwargs(only_a, device_sampled=True) == {"reset_batch": True}
+    assert overlap.reset_batch(both, device_sampled=True) is True
+    assert overlap.reset_batch(both, device_sampled=True) is False
+    assert overlap.reset_batch(only_a, device_sampled=True) is True
     overlap.batch_changed()
-    assert overlap.decode_kwargs(only_a, device_sampled=True) == {"reset_batch": True}
-    assert overlap.decode_kwargs(only_a, device_sampled=False) == {}
-    assert overlap.decode_kwargs(only_a, device_sampled=True) == {"reset_batch": True}
+    assert overlap.reset_batch(only_a, device_sampled=True) is True
+    assert overlap.reset_batch(only_a, device_sampled=False) is None
+    assert overlap.reset_batch(only_a, device_sampled=True) is True
 
 
 @pytest.mark.parametrize(("async_scheduling", "supports", "trace", "mode", "compat", "enabled"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from vllm_tt_platform.runner.model_runner import TTModelRunner
-from vllm_tt_platform.runner.step_sampling import StepSampling
+from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.worker import TTWorker
 
 
@@ -23,3 +23,10 @@ def test_runner_host_sampler_before_load_model():
     sampling._host = None
     with pytest.raises(RuntimeError, match=r"load_model\(\) has not run"):
         _ = sampling.host_sampler
+
+
+def test_runner_speculation_without_a_speculative_config():
+    runner = object.__new__(TTModelRunner)
+    runner._spec = None
+    with pytest.raises(RuntimeError, match=r"--speculative-config is not set"):
+        _ = runner.speculation

@@ -12,15 +12,15 @@ from vllm.sampling_params import SamplingParams
 from vllm_tt_platform.envs import TT_SAMPLING_TRACE
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError, is_host_output, parse
-from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.runner.sampling_output import (
+from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
+from vllm_tt_platform.runner.sampling.output import (
     UNKNOWN_RANK,
     PromptLogprobs,
     from_device,
     from_host,
     positions,
 )
-from vllm_tt_platform.runner.sampling_trace import (
+from vllm_tt_platform.runner.sampling.trace import (
     JsonlSamplingTrace,
     NullSamplingTrace,
     open_sampling_trace,
@@ -206,10 +206,10 @@ def test_positions_are_the_last_input_token():
 
 def test_device_kwargs_send_histories_only_with_penalties():
     plain = state("a", [1, 2])
-    assert set(device_sampling_kwargs([plain, None], VOCAB)) == {"sampling_params"}
+    assert set(DeviceSampling.of([plain, None], VOCAB).to_contract_kwargs()) == {"sampling_params"}
     penalised = state("b", [4, 5, 6], presence_penalty=0.5)
     penalised.output_token_ids.extend([7, 7])
-    kwargs = device_sampling_kwargs([plain, None, penalised], VOCAB)
+    kwargs = DeviceSampling.of([plain, None, penalised], VOCAB).to_contract_kwargs()
     assert kwargs["prompt_tokens"].tolist() == [[1, 2, -1], [-1, -1, -1], [4, 5, 6]]
     assert kwargs["output_tokens"].tolist() == [[-1, -1], [-1, -1], [7, 7]]
     assert kwargs["sampling_params"].presence_penalty == [0.0, 0.0, 0.5]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from vllm_tt_platform.runner.batch import PersistentBatch
-from vllm_tt_platform.runner.speculative import VerifyInputs, real_drafts
-from vllm_tt_platform.runner.step import DecodeInputs, StepPlan
+from vllm_tt_platform.runner.speculative import real_drafts
+from vllm_tt_platform.runner.step import DecodeInputs, StepPlan, VerifyInputs
 from vllm_tt_scheduler.phase import MixedStepError, Phase
 from vllm_tt_testing.scheduler_outputs import cached_requests as cached
 from vllm_tt_testing.scheduler_outputs import new_request as new

@@ -234,16 +234,17 @@ class DecodeOverlap:
             self._finish_oldest(batch)
         return True
 
-    def decode_kwargs(self, rows: Sequence[ScheduledRow], *, device_sampled: bool) -> dict[str, Any]:
+    def reset_batch(self, rows: Sequence[ScheduledRow], *, device_sampled: bool) -> bool | None:
         """``reset_batch`` for a device-sampled decode: the slot layout changed since the last
-        one (sticky until sent). Host-sampled decodes make the device reload inputs anyway."""
+        one (sticky until sent). None for a host-sampled decode, which is not sent it: it makes
+        the device reload inputs anyway."""
         if not device_sampled:
             self._layout_dirty = True
-            return {}
+            return None
         layout = tuple(sorted((r.state.slot, r.state.req_id) for r in rows))
         reset = self._layout_dirty or layout != self._layout
         self._layout, self._layout_dirty = layout, False
-        return {"reset_batch": reset}
+        return reset
 
     def submit(self, model: Any, raw: Any, rows: Sequence[ScheduledRow], num_slots: int | None = None
                ) -> InFlightStep:

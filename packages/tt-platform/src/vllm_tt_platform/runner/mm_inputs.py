@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_tt_models_registry.contract import CALLS, ROPE_DELTAS_KWARG
+from vllm_tt_models_registry.contract import CALLS, IMAGE_KWARGS
 
 from vllm_tt_platform.config.startup_checks import SERVED_MODALITIES
 from vllm_tt_platform.runner.batch import RequestState
+
+_PREFILL_ARGUMENTS = {*CALLS["prefill_forward"].keywords, *CALLS["prefill_forward"].sometimes} - set(IMAGE_KWARGS)
+"""``prefill_forward``'s own arguments: an image key of the same name would replace one of them."""
 
 
 class MultimodalInputError(RuntimeError):
@@ -35,7 +38,7 @@ def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[
         rows.append(images or None)
         for item in images:
             keys.update(dict.fromkeys(item))
-    reserved = set(CALLS["prefill_forward"].keywords) & set(keys)
+    reserved = _PREFILL_ARGUMENTS & set(keys)
     if reserved:
         raise MultimodalInputError(
             f"the multimodal processor produced {sorted(reserved)}, which prefill_forward already "
@@ -77,10 +80,10 @@ def record_rope_deltas(states: Sequence[RequestState], rope_deltas: Any) -> None
         state.rope_delta = int(delta)
 
 
-def decode_rope_kwargs(states: Sequence[RequestState], num_slots: int) -> dict[str, list[int]]:
-    """:data:`ROPE_DELTAS_KWARG`: every slot's delta (0 for free slots), slot order, the full
-    fixed decode batch."""
+def decode_rope_deltas(states: Sequence[RequestState], num_slots: int) -> list[int]:
+    """What ``ROPE_DELTAS_KWARG`` carries: every slot's delta (0 for free slots), slot order,
+    the full fixed decode batch."""
     deltas = [0] * num_slots
     for state in states:
         deltas[state.slot] = state.rope_delta
-    return {ROPE_DELTAS_KWARG: deltas}
+    return deltas

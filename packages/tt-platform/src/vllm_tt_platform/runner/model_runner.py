@@ -4,9 +4,8 @@ contract, and model results into ``ModelRunnerOutput``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, assert_never, cast
 
-import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -18,7 +17,7 @@ from vllm.v1.outputs import (
     ModelRunnerOutput,
 )
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
-from vllm_tt_sampling.decision import DeviceSamplingMode, SamplingDecision, SamplingPath
+from vllm_tt_sampling.decision import DeviceSamplingMode
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
 
@@ -26,25 +25,26 @@ from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.runner import mm_inputs, model_output, step_metrics
 from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
-from vllm_tt_platform.runner.speculative import SpecSettings, Speculation, real_drafts
-from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
-from vllm_tt_platform.runner.step_sampling import StepSampling
+from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
+from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
+from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
+from vllm_tt_platform.runner.step import StepPlan
+from vllm_tt_platform.runner.step_results import DecodeResult, PrefillResult, StepResult, VerifyResult
 from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)
 
-@dataclass
+
+@dataclass(frozen=True)
 class _PendingStep:
+    """What ``execute_model`` leaves for ``sample_tokens``."""
+
     plan: StepPlan
-    decision: SamplingDecision
-    output: model_output.ModelOutput | InFlightStep | torch.Tensor
-    """An ``InFlightStep`` when the decode was submitted overlapped (``async_decode``); a verify
-    step's logits ``[num_slots, 1 + K, V]`` (or the device's argmax tokens ``[num_slots, 1 + K]``)
-    when it carried drafts."""
-    drafts: dict[str, list[int]]
+    result: StepResult
 
 
 def _not_run(call: str, what: str) -> RuntimeError:
@@ -120,6 +120,13 @@ class TTModelRunner:
         if self._model is None:
             raise _not_run("load_model", "model")
         return self._model
+
+    @property
+    def speculation(self) -> Speculation:
+        """Speculative decoding, set up by ``load_model`` when ``--speculative-config`` is given."""
+        if self._spec is None:
+            raise RuntimeError("TTModelRunner has no speculative decoding: --speculative-config is not set")
+        return self._spec
 
     @property
     def num_blocks(self) -> int:
@@ -209,24 +216,19 @@ class TTModelRunner:
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)
-        drafts = real_drafts(out) if self._spec is not None and plan.phase is Phase.DECODE else {}
-        if drafts and self._spec is not None and self._spec.drafts_usable(plan.rows) is not None:
-            drafts = {}  # a row blocks drafts: a plain decode step (the plan's rows are one token each)
+        drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
         decision = self.sampling.decide(plan, verify=bool(drafts))
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
-        output: model_output.ModelOutput | InFlightStep | torch.Tensor
+        calls = self._calls()
+        sampling = calls.sampling(plan, decision)
+        result: StepResult
         if plan.phase is Phase.PREFILL:
-            output = self._prefill(plan, decision)
-        elif drafts and self._spec is not None:
-            inputs = DecodeInputs.build(plan.rows, self.batch.num_slots, self.table_width, self.num_blocks,
-                                        self.kv.layout)
-            with self.device_watch.call("decode step"):
-                output = self._spec.run_verify(self.model, inputs, plan.rows, drafts, self.kv_cache,
-                                               self.decode_trace,
-                                               self.sampling.decode_kwargs(plan, decision, self.batch.num_slots))
+            result = self._prefill(calls, plan, sampling)
+        elif drafts:
+            result = self._verify(calls, plan, sampling, drafts)
         else:
-            output = self._decode(plan, decision)
-        self._pending = _PendingStep(plan, decision, output, drafts)
+            result = self._decode(calls, plan, sampling)
+        self._pending = _PendingStep(plan, result)
         return None
 
     def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
@@ -236,76 +238,76 @@ class TTModelRunner:
         numbering = BlockNumbering(self.num_blocks)
         return {new.req_id: numbering.lane_of(new.block_ids[0][0]) for new in out.scheduled_new_reqs}
 
-    def _prefill(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput:
-        inputs = PrefillInputs.build(plan.rows, self.table_width, self.num_blocks, self.kv.layout,
-                                     self.batch.num_slots)
-        kwargs = self.sampling.prefill_kwargs(plan, decision)
-        if inputs.page_tables_per_layer is not None:
-            kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
-        states = [r.state for r in plan.rows]
-        images = mm_inputs.prefill_image_kwargs(states)
-        # Only the device call and its output are the device's: a failure there is one
-        # TTDeviceError; the inputs above are host work and fail as themselves.
+    def _calls(self) -> StepCalls:
+        """The builder of this step's device call, over the current KV cache and table width."""
+        return StepCalls(
+            kv_cache=self.kv_cache, table_width=self.table_width, blocks_per_lane=self.num_blocks,
+            layout=self.kv.layout, num_slots=self.batch.num_slots, vocab_size=self.sampling.vocab_size,
+            prefill_trace=self.prefill_trace, decode_trace=self.decode_trace, uses_mrope=self.uses_mrope,
+        )
+
+    # One method per step kind: build the call, then run it. Only the device call and reading its
+    # output are the device's (a failure there is one TTDeviceError); building the call is host
+    # work and fails as itself.
+    def _prefill(self, calls: StepCalls, plan: StepPlan, sampling: DeviceSampling | None) -> PrefillResult:
+        call = calls.prefill(plan, sampling, prompt_logprobs=self.sampling.prompt_logprobs_wanted(plan))
         with self.device_watch.call("prefill step"):
-            raw = self.model.prefill_forward(
-                tokens=inputs.tokens, page_table=inputs.page_table, kv_cache=self.kv_cache,
-                prompt_lens=inputs.prompt_lens, start_pos=inputs.start_pos, empty_slots=inputs.empty_slots,
-                enable_trace=self.prefill_trace, **kwargs, **images,
-            )
+            raw = self.model.prefill_forward(**call.to_contract_kwargs())
             if self.uses_mrope:
                 raw, rope_deltas = raw
-                mm_inputs.record_rope_deltas(states, rope_deltas)
-            self.sampling.after_prefill(plan, kwargs, raw)
-            return model_output.parse(raw, sampled_on_device=decision.path is SamplingPath.DEVICE,
-                                      owner=f"{type(self.model).__qualname__}.prefill_forward")
+                mm_inputs.record_rope_deltas([r.state for r in plan.rows], rope_deltas)
+            if call.return_all_logits:
+                self.sampling.collect_prompt_logprobs(plan, raw)
+            return PrefillResult(model_output.parse(raw, sampled_on_device=call.sampling is not None,
+                                                    owner=f"{type(self.model).__qualname__}.prefill_forward"))
 
-    def _decode(self, plan: StepPlan, decision: SamplingDecision) -> model_output.ModelOutput | InFlightStep:
-        num_slots = self.batch.num_slots
-        on_device = decision.path is SamplingPath.DEVICE
-        sampling = self.sampling.decode_kwargs(plan, decision, num_slots)
-        params = sampling.get("sampling_params")
+    def _decode(self, calls: StepCalls, plan: StepPlan, sampling: DeviceSampling | None) -> DecodeResult | InFlightStep:
+        on_device = sampling is not None
         overlapped = self.overlap.prepare_decode(  # drains what is in flight unless overlapped
-            self.batch, device_sampled=on_device, penalties="prompt_tokens" in sampling,
-            logprobs=params is not None and any(params.enable_log_probs),
+            self.batch, device_sampled=on_device, penalties=sampling is not None and sampling.penalties,
+            logprobs=sampling is not None and sampling.logprobs,
         )
-        inputs = DecodeInputs.build(plan.rows, num_slots, self.table_width, self.num_blocks, self.kv.layout)
-        kwargs: dict[str, Any] = self.overlap.decode_kwargs(plan.rows, device_sampled=on_device)
-        if inputs.page_tables_per_layer is not None:
-            kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
-        kwargs.update(sampling)
-        if self.uses_mrope:
-            kwargs.update(mm_inputs.decode_rope_kwargs([r.state for r in plan.rows], num_slots))
+        # Built once the drain has brought the host state up to date.
+        call = calls.decode(plan, sampling, reset_batch=self.overlap.reset_batch(plan.rows, device_sampled=on_device))
+        num_slots = self.batch.num_slots
         with self.device_watch.call("decode step"):
-            raw = self.model.decode_forward(
-                tokens=inputs.tokens, start_pos=inputs.start_pos, page_table=inputs.page_table,
-                kv_cache=self.kv_cache, enable_trace=self.decode_trace, read_from_device=False, **kwargs,
-            )
+            raw = self.model.decode_forward(**call.to_contract_kwargs())
             if overlapped:
                 return self.overlap.submit(self.model, raw, plan.rows, num_slots)
 
-            def read() -> model_output.ModelOutput:
-                return model_output.read_decode(self.model, raw, sampled_on_device=on_device, rows=num_slots)
+            def read() -> DecodeResult:
+                return DecodeResult(model_output.read_decode(self.model, raw, sampled_on_device=on_device,
+                                                             rows=num_slots))
 
             # Only a device handle has a readback to bound; host tensors are read in place.
             return read() if model_output.is_host_output(raw) else self.device_watch.read("decode readback", read)
+
+    def _verify(self, calls: StepCalls, plan: StepPlan, sampling: DeviceSampling | None,
+                drafts: dict[str, list[int]]) -> VerifyResult:
+        call = calls.verify(plan, sampling, drafts, self.speculation.settings.num_tokens)
+        with self.device_watch.call("decode step"):
+            raw = self.model.decode_forward(**call.to_contract_kwargs())
+            return VerifyResult.read(self.model, raw, call)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        plan, output = pending.plan, pending.output
-        if isinstance(output, InFlightStep):
-            return self.overlap.async_output(output, grammar_output)
+        plan, result = pending.plan, pending.result
         producing = [r.state for r in plan.rows if r.produces_token]  # before their tokens are appended
-        if isinstance(output, torch.Tensor) and self._spec is not None:
-            result = self._spec.sampled(plan, output, pending.drafts)
-        elif isinstance(output, model_output.ModelOutput):
-            result = self.sampling.sampled(plan, output, grammar_output)
-        else:
-            raise TypeError(f"step output {type(output).__name__} without speculative decoding")
+        output: ModelRunnerOutput
+        match result:
+            case InFlightStep():
+                return self.overlap.async_output(result, grammar_output)
+            case PrefillResult() | DecodeResult():
+                output = self.sampling.sampled(plan, result.output, grammar_output)
+            case VerifyResult():
+                output = self.speculation.sampled(plan, result.output, result.drafts)
+            case _:
+                assert_never(result)
         if self._spec is not None:
             self._spec.produced(producing)
-        return result
+        return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The next drafts for vLLM's scheduler (speculative decoding), or None."""

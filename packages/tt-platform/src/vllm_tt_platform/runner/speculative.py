@@ -31,17 +31,13 @@ from vllm_tt_sampling.acceptance import accept_greedy
 from vllm_tt_sampling.decision import RowSampling, drafts_blocked_by
 from vllm_tt_sampling.host import HostSamplingBatch
 from vllm_tt_sampling.host.speculative import DraftVerifier
+from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner.batch import RequestState
-from vllm_tt_platform.runner.model_output import ModelOutputError
-from vllm_tt_platform.runner.step import DecodeInputs, ScheduledRow, StepPlan
+from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
 
 PLACEHOLDER = -1
 """vLLM's draft id for "no draft here" (new or resumed rows, grammar-invalid drafts)."""
-
-VERIFY_KWARG = "num_valid_tokens"
-"""The contract's ``VERIFY_KWARG`` (``vllm_tt_models_registry.contract``)."""
-
 
 @dataclass(frozen=True)
 class SpecSettings:
@@ -90,34 +86,9 @@ def real_drafts(out: SchedulerOutput) -> dict[str, list[int]]:
     return drafts
 
 
-@dataclass(frozen=True)
-class VerifyInputs:
-    """``decode_forward`` arguments of a verify step (the full fixed batch, by slot)."""
-
-    decode: DecodeInputs
-    tokens: torch.Tensor
-    """int32 ``[num_slots, 1 + K]``: each live row's last token, then its drafts, zero-padded."""
-    num_valid: torch.Tensor
-    """int32 ``[num_slots]``: real tokens per row (0: padding row)."""
-
-    @classmethod
-    def build(cls, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
-              num_tokens: int) -> VerifyInputs:
-        num_slots = decode.tokens.shape[0]
-        tokens = torch.zeros((num_slots, 1 + num_tokens), dtype=torch.int32)
-        tokens[:, 0] = decode.tokens[:, 0]
-        valid = torch.zeros(num_slots, dtype=torch.int32)
-        for r in rows:
-            row_drafts = drafts.get(r.state.req_id, [])
-            slot = r.state.slot
-            tokens[slot, 1 : 1 + len(row_drafts)] = torch.tensor(row_drafts, dtype=torch.int32)
-            valid[slot] = 1 + len(row_drafts)
-        return cls(decode, tokens, valid)
-
-
 class Speculation:
-    """The runner's speculative decoding: the verify step's inputs and acceptance, and the
-    n-gram drafts handed to vLLM after each step."""
+    """The runner's speculative decoding: which drafts a step verifies, their acceptance, and
+    the n-gram drafts handed to vLLM after each step."""
 
     def __init__(self, vllm_config: VllmConfig, settings: SpecSettings, num_slots: int,
                  host_sampler: HostSamplingBatch) -> None:
@@ -135,9 +106,16 @@ class Speculation:
         """``warmup_model_decode`` also captures the verify trace of ``1 + K`` tokens."""
         return {"verify_tokens": 1 + self.settings.num_tokens}
 
-    def drafts_usable(self, rows: list[ScheduledRow]) -> str | None:
-        """Why this verify step runs without drafts, or None (see the module docstring)."""
-        return drafts_blocked_by([row_sampling(r.state) for r in rows])
+    def step_drafts(self, out: SchedulerOutput, plan: StepPlan) -> dict[str, list[int]]:
+        """The drafts this step verifies: a decode step's real drafts, none when a row blocks
+        them (a plain decode step then: the plan's rows are one token each; see the module
+        docstring)."""
+        if plan.phase is not Phase.DECODE:
+            return {}
+        drafts = real_drafts(out)
+        if drafts and drafts_blocked_by([row_sampling(r.state) for r in plan.rows]) is not None:
+            return {}
+        return drafts
 
     def accept(self, output: torch.Tensor, rows: list[ScheduledRow], drafts: dict[str, list[int]]) -> list[list[int]]:
         """Each row's tokens from a verify step's output: the device's argmax tokens
@@ -148,36 +126,6 @@ class Speculation:
         if not output.is_floating_point():
             return accept_greedy(output[slots].tolist(), row_drafts)
         return self.verifier.verify(output[slots], slots, row_drafts)
-
-    def run_verify(self, model: Any, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
-                   kv_cache: Any, enable_trace: bool, sampling: dict[str, Any]) -> torch.Tensor:
-        """Submit the verify step and read back its logits ``[num_slots, 1 + K, V]`` or, with
-        device ``sampling`` kwargs (``sampling_params``: every row greedy), only its argmax
-        tokens ``[num_slots, 1 + K]``."""
-        inputs = VerifyInputs.build(decode, rows, drafts, self.settings.num_tokens)
-        kwargs: dict[str, Any] = {VERIFY_KWARG: inputs.num_valid, **sampling}
-        if decode.page_tables_per_layer is not None:
-            kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
-        raw = model.decode_forward(
-            tokens=inputs.tokens, start_pos=decode.start_pos, page_table=decode.page_table, kv_cache=kv_cache,
-            enable_trace=enable_trace, read_from_device=True, **kwargs,
-        )
-        on_device = bool(sampling)
-        if hasattr(model, "process_decode_output_host"):
-            raw = model.process_decode_output_host(raw, is_tokens=on_device)
-        expected = (*inputs.tokens.shape,)
-        shape_ok = isinstance(raw, torch.Tensor) and tuple(raw.shape[:2]) == expected and (
-            raw.dim() == 2 and not raw.is_floating_point() if on_device else raw.dim() == 3 and raw.is_floating_point()
-        )
-        if not shape_ok:
-            shape = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
-            wanted = f"int tokens [{expected[0]}, {expected[1]}]" if on_device else \
-                f"float logits [{expected[0]}, {expected[1]}, V]"
-            raise ModelOutputError(
-                f"{type(model).__qualname__}.decode_forward returned {shape} for a verify step; expected "
-                f"{wanted} (model contract: VERIFY_KWARG)"
-            )
-        return raw.long() if on_device else raw.float()
 
     def sampled(self, plan: StepPlan, output: torch.Tensor, drafts: dict[str, list[int]]) -> ModelRunnerOutput:
         """The verify step's tokens per row (variable length: accepted drafts + one), appended

@@ -1,4 +1,5 @@
-"""``StepPlan``: what one engine step asks of the model, and the fixed-shape inputs for it.
+"""``StepPlan``: what one engine step asks of the model, and the fixed-shape inputs for each
+kind of step (prefill, decode, verify).
 
 A step is prefill-only or decode-only (:func:`vllm_tt_scheduler.step_phase` classifies it the
 same way the scheduler does); a scheduler output mixing the two raises ``MixedStepError``: it
@@ -119,6 +120,14 @@ class PrefillInputs:
         )
 
 
+def slot_states(rows: list[ScheduledRow], num_slots: int) -> list[RequestState | None]:
+    """The full fixed decode batch by slot: each row's state at its slot, None for padding."""
+    by_slot: list[RequestState | None] = [None] * num_slots
+    for r in rows:
+        by_slot[r.state.slot] = r.state
+    return by_slot
+
+
 @dataclass(frozen=True)
 class DecodeInputs:
     tokens: torch.Tensor
@@ -134,13 +143,37 @@ class DecodeInputs:
         (token 0, position -1, zero block tables)."""
         tokens = torch.zeros((num_slots, 1), dtype=torch.int32)
         start_pos = torch.full((num_slots,), -1, dtype=torch.int32)
-        by_slot: list[RequestState | None] = [None] * num_slots
         for r in rows:
-            slot = r.state.slot
-            by_slot[slot] = r.state
-            tokens[slot, 0] = r.state.last_token
-            start_pos[slot] = r.state.num_computed_tokens
+            tokens[r.state.slot, 0] = r.state.last_token
+            start_pos[r.state.slot] = r.state.num_computed_tokens
+        by_slot = slot_states(rows, num_slots)
         if layout is None:
             return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
         per_layer = page_tables_per_layer(by_slot, table_width, blocks_per_lane, layout)
         return cls(tokens, start_pos, per_layer[layout.groups[0].layers[0]], per_layer)
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    """A verify step's inputs (speculative decoding): the decode batch, each row's drafts after
+    its last token (the full fixed batch, by slot)."""
+
+    decode: DecodeInputs
+    tokens: torch.Tensor
+    """int32 ``[num_slots, 1 + K]``: each live row's last token, then its drafts, zero-padded."""
+    num_valid: torch.Tensor
+    """int32 ``[num_slots]``: real tokens per row (0: padding row)."""
+
+    @classmethod
+    def build(cls, decode: DecodeInputs, rows: list[ScheduledRow], drafts: dict[str, list[int]],
+              num_tokens: int) -> VerifyInputs:
+        num_slots = decode.tokens.shape[0]
+        tokens = torch.zeros((num_slots, 1 + num_tokens), dtype=torch.int32)
+        tokens[:, 0] = decode.tokens[:, 0]
+        valid = torch.zeros(num_slots, dtype=torch.int32)
+        for r in rows:
+            row_drafts = drafts.get(r.state.req_id, [])
+            slot = r.state.slot
+            tokens[slot, 1 : 1 + len(row_drafts)] = torch.tensor(row_drafts, dtype=torch.int32)
+            valid[slot] = 1 + len(row_drafts)
+        return cls(decode, tokens, valid)

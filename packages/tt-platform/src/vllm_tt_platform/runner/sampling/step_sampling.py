@@ -2,8 +2,9 @@
 
 The sampling distribution owns the primitives (the per-batch device/host decision, the device
 wire format, vLLM's host sampler over slots); this object owns how a step uses them: where
-the batch samples (recorded in the stats and the sampling trace), what a device-sampling
-model is sent, the host sampler's slots, prompt logprobs, and the output vLLM reads.
+the batch samples (recorded in the stats and the sampling trace), the host sampler's slots,
+prompt logprobs, and the output vLLM reads. What a device-sampling model is sent is part of
+the step's call (``runner.call_builder``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from vllm_tt_sampling.decision import (
     DeviceSamplingMode,
     RowSampling,
     SamplingDecision,
-    SamplingPath,
     choose_sampling_path,
 )
 from vllm_tt_sampling.host import HostSamplingBatch, SeedStream
@@ -30,12 +30,11 @@ from vllm_tt_sampling.stats import SamplingStats
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.runner import sampling_output
 from vllm_tt_platform.runner.async_decode import SteadySampling
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.model_output import ModelOutput
-from vllm_tt_platform.runner.sampling_inputs import device_sampling_kwargs
-from vllm_tt_platform.runner.sampling_trace import open_sampling_trace
+from vllm_tt_platform.runner.sampling import output as sampling_output
+from vllm_tt_platform.runner.sampling.trace import open_sampling_trace
 from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
 
 logger = init_logger("vllm." + __name__)
@@ -120,28 +119,14 @@ class StepSampling:
                      decision.path.value, decision.reason)
         return decision
 
-    def prefill_kwargs(self, plan: StepPlan, decision: SamplingDecision) -> dict[str, Any]:
-        """``sampling_params`` (+ penalty histories) when the device samples; otherwise
-        ``return_all_logits`` when a row's prompt logprobs are being collected."""
-        if decision.path is SamplingPath.DEVICE:
-            return device_sampling_kwargs([r.state for r in plan.rows], self.vocab_size)
-        if self.prompt_logprobs.wanted(plan.rows):
-            return {"return_all_logits": True}
-        return {}
+    def prompt_logprobs_wanted(self, plan: StepPlan) -> bool:
+        """Whether a row of this prefill is collecting prompt logprobs (``PromptLogprobs``)."""
+        return self.prompt_logprobs.wanted(plan.rows)
 
-    def decode_kwargs(self, plan: StepPlan, decision: SamplingDecision, num_slots: int) -> dict[str, Any]:
-        """What a device-sampling decode is sent, one wire row per slot (padding: neutral)."""
-        if decision.path is not SamplingPath.DEVICE:
-            return {}
-        by_slot: list[RequestState | None] = [None] * num_slots
-        for r in plan.rows:
-            by_slot[r.state.slot] = r.state
-        return device_sampling_kwargs(by_slot, self.vocab_size)
-
-    def after_prefill(self, plan: StepPlan, kwargs: dict[str, Any], raw: Any) -> None:
-        """Score the prompt chunk of rows collecting prompt logprobs."""
-        if kwargs.get("return_all_logits"):
-            self.prompt_logprobs.collect(plan.rows, raw[0] if isinstance(raw, tuple) else raw)
+    def collect_prompt_logprobs(self, plan: StepPlan, raw: Any) -> None:
+        """Score the prompt chunk of rows collecting prompt logprobs, from a prefill's
+        ``return_all_logits`` output."""
+        self.prompt_logprobs.collect(plan.rows, raw[0] if isinstance(raw, tuple) else raw)
 
     def sampled(self, plan: StepPlan, output: ModelOutput, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         """The step's tokens (the device's, or vLLM's sampler over the logits), appended to

@@ -1,0 +1,73 @@
+"""``StepCalls``: the one place a step's device call is built, from the step's plan, its
+sampling decision, the KV cache and its page tables, and the rows' multimodal inputs.
+
+The decode step's overlap state (``reset_batch``) and the verify step's drafts come in as
+values: the objects that own them decide, the builder only places them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
+from vllm_tt_scheduler.phase import Phase
+
+from vllm_tt_platform.runner import mm_inputs
+from vllm_tt_platform.runner.calls import DecodeCall, PrefillCall, VerifyCall
+from vllm_tt_platform.runner.kv_layout import KVLayout
+from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
+from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan, VerifyInputs, slot_states
+
+
+@dataclass(frozen=True)
+class StepCalls:
+    """What every call over the current KV cache shares. The runner makes one per step (its
+    table width follows ``update_max_model_len``)."""
+
+    kv_cache: Any
+    table_width: int
+    blocks_per_lane: int
+    layout: KVLayout | None
+    """Set for a model that declared its KV spec: per-layer page tables."""
+    num_slots: int
+    vocab_size: int
+    prefill_trace: bool
+    decode_trace: bool
+    uses_mrope: bool
+    """Decode calls carry every slot's mRoPE delta."""
+
+    def sampling(self, plan: StepPlan, decision: SamplingDecision) -> DeviceSampling | None:
+        """What a device-sampled step is sent, one wire row per call row (prefill: call order;
+        decode and verify: by slot, padding slots neutral); None when the host samples."""
+        if decision.path is not SamplingPath.DEVICE:
+            return None
+        if plan.phase is Phase.DECODE:
+            return DeviceSampling.of(slot_states(plan.rows, self.num_slots), self.vocab_size)
+        return DeviceSampling.of([r.state for r in plan.rows], self.vocab_size)
+
+    def prefill(self, plan: StepPlan, sampling: DeviceSampling | None, *, prompt_logprobs: bool) -> PrefillCall:
+        """``prompt_logprobs``: a row collects prompt logprobs; a host-sampled call then returns
+        every position's logits."""
+        inputs = PrefillInputs.build(plan.rows, self.table_width, self.blocks_per_lane, self.layout, self.num_slots)
+        return PrefillCall(
+            inputs, self.kv_cache, self.prefill_trace, sampling,
+            return_all_logits=sampling is None and prompt_logprobs,
+            images=mm_inputs.prefill_image_kwargs([r.state for r in plan.rows]),
+        )
+
+    def decode(self, plan: StepPlan, sampling: DeviceSampling | None, *, reset_batch: bool | None) -> DecodeCall:
+        rope_deltas = None
+        if self.uses_mrope:
+            rope_deltas = mm_inputs.decode_rope_deltas([r.state for r in plan.rows], self.num_slots)
+        return DecodeCall(self._decode_inputs(plan), self.kv_cache, self.decode_trace, sampling,
+                          reset_batch=reset_batch, rope_deltas=rope_deltas)
+
+    def verify(self, plan: StepPlan, sampling: DeviceSampling | None, drafts: dict[str, list[int]],
+               num_tokens: int) -> VerifyCall:
+        """``num_tokens``: K, the drafts a verify trace has room for per row."""
+        inputs = VerifyInputs.build(self._decode_inputs(plan), plan.rows, drafts, num_tokens)
+        return VerifyCall(inputs, self.kv_cache, self.decode_trace, sampling, drafts)
+
+    def _decode_inputs(self, plan: StepPlan) -> DecodeInputs:
+        return DecodeInputs.build(plan.rows, self.num_slots, self.table_width, self.blocks_per_lane, self.layout)

@@ -1,0 +1,112 @@
+"""A step's device call, one typed call per kind, turned into the model contract's keyword
+arguments only where the model is invoked (``to_contract_kwargs``).
+
+A prefill step is one ``prefill_forward``; a decode step and a verify step of speculative
+decoding are ``decode_forward`` calls of two shapes. ``call_builder.StepCalls`` builds every
+call; each kind has its result in ``step_results``. A new kind (pooling, a mixed step) adds its
+call here, its builder method, its result and its runner method, and changes none of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_tt_models_registry.contract import ROPE_DELTAS_KWARG, VERIFY_KWARG
+
+from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
+from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, VerifyInputs
+
+
+@dataclass(frozen=True)
+class PrefillCall:
+    """``prefill_forward`` over the step's rows, in call order."""
+
+    inputs: PrefillInputs
+    kv_cache: Any
+    enable_trace: bool
+    sampling: DeviceSampling | None
+    """Set when the device samples the batch."""
+    return_all_logits: bool = False
+    """Every position's logits, for rows collecting prompt logprobs (host sampling only)."""
+    images: Mapping[str, list[list[Any] | None]] = field(default_factory=dict)
+    """The contract's ``IMAGE_KWARGS`` rows (``mm_inputs.prefill_image_kwargs``); empty for a
+    text-only step."""
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        inputs = self.inputs
+        kwargs: dict[str, Any] = {
+            "tokens": inputs.tokens, "page_table": inputs.page_table, "kv_cache": self.kv_cache,
+            "prompt_lens": inputs.prompt_lens, "start_pos": inputs.start_pos, "empty_slots": inputs.empty_slots,
+            "enable_trace": self.enable_trace,
+        }
+        if self.sampling is not None:
+            kwargs.update(self.sampling.to_contract_kwargs())
+        if self.return_all_logits:
+            kwargs["return_all_logits"] = True
+        if inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
+        kwargs.update(self.images)
+        return kwargs
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """``decode_forward`` of one token per slot over the full fixed batch; the runner reads the
+    result back itself (``read_from_device=False``: synchronously, or overlapped)."""
+
+    inputs: DecodeInputs
+    kv_cache: Any
+    enable_trace: bool
+    sampling: DeviceSampling | None
+    """Set when the device samples the batch."""
+    reset_batch: bool | None = None
+    """Device-sampled decodes only: whether the slot layout changed since the last one
+    (``async_decode.DecodeOverlap.reset_batch``)."""
+    rope_deltas: list[int] | None = None
+    """mRoPE models: every slot's position delta (``mm_inputs.decode_rope_deltas``)."""
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        kwargs = _decode_kwargs(self.inputs, self.inputs.tokens, self.kv_cache, self.enable_trace,
+                                read_from_device=False)
+        if self.reset_batch is not None:
+            kwargs["reset_batch"] = self.reset_batch
+        if self.inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = self.inputs.page_tables_per_layer
+        if self.sampling is not None:
+            kwargs.update(self.sampling.to_contract_kwargs())
+        if self.rope_deltas is not None:
+            kwargs[ROPE_DELTAS_KWARG] = self.rope_deltas
+        return kwargs
+
+
+@dataclass(frozen=True)
+class VerifyCall:
+    """``decode_forward`` of a verify step: ``[num_slots, 1 + K]`` tokens with the contract's
+    ``VERIFY_KWARG``, read back in the call. With ``sampling`` (every row greedy) the device
+    verifies and returns argmax tokens; without, it returns every position's logits."""
+
+    inputs: VerifyInputs
+    kv_cache: Any
+    enable_trace: bool
+    sampling: DeviceSampling | None
+    drafts: dict[str, list[int]]
+    """Each row's drafts, as the acceptance reads them."""
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        decode = self.inputs.decode
+        kwargs = _decode_kwargs(decode, self.inputs.tokens, self.kv_cache, self.enable_trace, read_from_device=True)
+        kwargs[VERIFY_KWARG] = self.inputs.num_valid
+        if self.sampling is not None:
+            kwargs.update(self.sampling.to_contract_kwargs())
+        if decode.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
+        return kwargs
+
+
+def _decode_kwargs(inputs: DecodeInputs, tokens: Any, kv_cache: Any, enable_trace: bool, *,
+                   read_from_device: bool) -> dict[str, Any]:
+    """The arguments every ``decode_forward`` call takes (the contract's ``CALLS`` keywords)."""
+    return {"tokens": tokens, "start_pos": inputs.start_pos, "page_table": inputs.page_table,
+            "kv_cache": kv_cache, "enable_trace": enable_trace, "read_from_device": read_from_device}
