@@ -24,14 +24,15 @@ if sys.version_info[:2] != (3, 12):
 VLLM_VERSIONS = ["0.31.0", "0.32.0", "0.33.0"]
 """The support window, newest last; each distribution declares the same range (vllm>=0.31,<0.34)."""
 NEWEST = VLLM_VERSIONS[-1]
-PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
+PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform",
+            "packages/tt-host"]
 SOURCES = [f"{p}/src" for p in PACKAGES]
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": ""}
 LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-jsonschema"]
 
 
 def _install(session: nox.Session, vllm: str, *extra: str) -> None:
-    """vLLM ``vllm`` with its pins, the test tools and the four distributions (editable).
+    """vLLM ``vllm`` with its pins, the test tools and the five distributions (editable).
 
     ``--overrides overrides.txt`` lets numpy 2 win over ttnn's ``numpy<2`` (docs/install.md)."""
     editable = [arg for p in PACKAGES for arg in ("-e", p)]

@@ -212,7 +212,7 @@ def _builtin_archs(fam: BuiltinFamily) -> str:
 
 def _tiny_archs() -> dict[str, str]:
     """``--arch`` of each tiny checkpoint -> the TT architecture it is served as."""
-    from vllm_tt_platform.host.tiny import ARCHITECTURES
+    from vllm_tt_host.tiny import ARCHITECTURES
 
     return {key: tt_arch_name(hf) for key, hf in ARCHITECTURES.items()}
 

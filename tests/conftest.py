@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """``tiny_checkpoint(arch)`` -> folder of a small HF checkpoint made here (no hub)."""
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("checkpoints")
     built: dict[str, Path] = {}

@@ -16,7 +16,7 @@ import pytest
 
 def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str, train_steps: int) -> Path:
     """The tiny ``arch`` checkpoint trained ``train_steps`` steps, one folder per session."""
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     folder = tmp_path_factory.getbasetemp() / f"tiny-{arch}-trained-{train_steps}"
     return build_tiny_checkpoint(arch, folder, train_steps=train_steps)
@@ -44,7 +44,7 @@ def parity_fixtures(
     @pytest.fixture(scope="module", name="model")
     def model(checkpoint: Path) -> Any:
         from transformers import AutoConfig
-        from vllm_tt_platform.host.device import HostMeshDevice
+        from vllm_tt_host.device import HostMeshDevice
         from vllm_tt_platform.mesh.shape import MeshShape
 
         config = AutoConfig.from_pretrained(checkpoint)

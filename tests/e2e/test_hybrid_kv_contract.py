@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from vllm_tt_platform.host.models.hybrid_kv import HybridKVCausalLM
+from vllm_tt_host.models.hybrid_kv import HybridKVCausalLM
 
 pytestmark = pytest.mark.e2e
 

@@ -16,6 +16,7 @@ from typing import Any
 from vllm_tt_scheduler.options import PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
+from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.errors import TTConfigError
 
 KEY_PREFIX = "--additional-config.tt."
@@ -37,12 +38,6 @@ def _scheduler_opt(spec: OptionSpec[Any]) -> Any:
     """A field the scheduler declares (``vllm_tt_scheduler.options``): default, minimum and doc
     are the spec's, and the field's annotation is ``spec.kind`` (``test_config`` checks)."""
     return field(default=spec.default, metadata={**_opt(spec.doc, minimum=spec.minimum), "scheduler": spec})
-
-
-def _device_time(value: str) -> object:
-    from vllm_tt_platform.host.device_time import parse_device_time
-
-    return parse_device_time(value)
 
 
 def _fabric_configs() -> tuple[str, ...]:
@@ -107,13 +102,13 @@ class TTConfig:
         "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
         "and how many prompts share a prefill step by modelled device time (the cost-aware "
         "policy; `prefill_hold` is then unused). Unset: the step-counted policy. "
-        "See docs/scheduling.md.", check=_device_time,
+        "See docs/scheduling.md.", check=parse_device_time,
         allowed="`served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`; a duration (`40ms`)"))
     host_device_time: str | None = field(default=None, metadata=_opt(
         "Host backend only: make the emulated device take modelled time. Programs then run on "
         "the device's own thread and complete no earlier than their duration, and readbacks "
         "complete through events. Unset: programs take as long as the host math. See "
-        "docs/async-decode.md for the cost model.", check=_device_time,
+        "docs/async-decode.md for the cost model.", check=parse_device_time,
         allowed="a duration (`25ms`); `served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`"))
     host_skip_math: bool = field(default=False, metadata=_opt(
         "Host backend only: skip the model math and return deterministic stand-in tokens "
