@@ -79,7 +79,7 @@ class Proof:
 
 
 _E2E = "tests/e2e"
-_HOST_TESTS = "packages/tt-platform/tests"
+_HOST_TESTS = "packages/tt-host/tests"
 PROOFS: tuple[Proof, ...] = (
     Proof("supports_sample_on_device",
           f"{_E2E}/test_sampling_serve.py::test_greedy_on_device_equals_host_sampled_greedy_and_transformers",
