@@ -1,10 +1,9 @@
 """The device cost model (``cost.device_time``): the ``host_device_time`` / ``step_cost`` value
-forms, the option's checks, and the roofline's orders of magnitude."""
+forms and the roofline's orders of magnitude."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.cost.device_time import (
     CHIPS,
     MODEL_PROFILES,
@@ -14,7 +13,6 @@ from vllm_tt_platform.cost.device_time import (
     ModelDims,
     parse_device_time,
 )
-from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MESH_PRESETS, MeshShape
 
 TINY = ModelDims(2, 128, 256, 4, 2, 32, 1024, tied_embeddings=True)
@@ -44,18 +42,6 @@ def test_bad_device_time_names_the_accepted_forms(text, named):
     with pytest.raises(ValueError, match=named) as info:
         parse_device_time(text)
     assert "llama-3.1-8b@N150" in str(info.value) or "N150" in str(info.value)
-
-
-def test_config_option_is_checked_and_host_only():
-    config = TTConfig.from_sources({"mesh_backend": "host", "host_device_time": "llama-3.1-8b@N150",
-                                    "host_skip_math": "true"}, environ={})
-    assert config.host_device_time == "llama-3.1-8b@N150" and config.host_skip_math
-    assert TTConfig.from_sources({"mesh_backend": "host"}, environ={}).host_device_time is None
-    with pytest.raises(TTConfigError, match=r"--additional-config\.tt\.host_device_time='soon'"):
-        TTConfig.from_sources({"mesh_backend": "host", "host_device_time": "soon"}, environ={})
-    for key, value in (("host_device_time", "25ms"), ("host_skip_math", True)):
-        with pytest.raises(TTConfigError, match=f"{key}.*mesh_backend host"):
-            TTConfig.from_sources({"mesh_backend": "ttnn", key: value}, environ={})
 
 
 def test_cost_model_orders_of_magnitude():

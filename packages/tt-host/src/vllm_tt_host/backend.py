@@ -12,6 +12,7 @@ from vllm_tt_platform.mesh.shape import MeshRequest
 from vllm_tt_host import envs
 from vllm_tt_host.device import HostDeviceOptions, HostMeshDevice
 from vllm_tt_host.fault_loader import load_faults
+from vllm_tt_host.options import HostOptions
 
 
 class HostMeshBackend:
@@ -19,6 +20,7 @@ class HostMeshBackend:
     fault injector ``TT_HOST_FAULTS`` names (tests only)."""
 
     name = "host"
+    options = HostOptions
 
     def __init__(self, config: TTConfig | None = None) -> None:
         self.config = config or TTConfig(mesh_backend="host")
@@ -27,10 +29,11 @@ class HostMeshBackend:
         return 1 << 16
 
     def open(self, request: MeshRequest) -> Any:
-        spec = self.config.host_device_time
+        host = HostOptions.of(self.config)
+        spec = host.host_device_time
         options = HostDeviceOptions(
             device_time=parse_device_time(spec) if spec else None,
-            skip_math=self.config.host_skip_math,
+            skip_math=host.host_skip_math,
             preset=request.preset,
         )
         device = HostMeshDevice(request.shape, options=options)

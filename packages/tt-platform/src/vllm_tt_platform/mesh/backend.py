@@ -8,6 +8,7 @@ registers ``ttnn`` (a real Tenstorrent mesh), the ``vllm-tt-host`` distribution 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Any, Protocol
@@ -36,9 +37,23 @@ class MeshBackend(Protocol):
 
 class BackendFactory(Protocol):
     """What a ``vllm_tt.mesh_backends`` entry point names: called with the engine's ``TTConfig``
-    (typed ``Any`` here so the seam does not import ``config``)."""
+    (typed ``Any`` here so the seam does not import ``config``). It may carry ``options``, a
+    dataclass of the extra ``--additional-config.tt`` keys the backend accepts (fields declared
+    with ``config.options.option`` metadata); ``TTConfig`` parses them and keeps the chosen
+    backend's in ``backend_options``."""
 
     def __call__(self, config: Any) -> MeshBackend: ...
+
+
+@functools.cache
+def option_tables() -> dict[str, type]:
+    """Each installed backend's own option table, by backend name (read once per process)."""
+    tables = {}
+    for ep in metadata.entry_points(group=MESH_BACKENDS_GROUP):
+        table = getattr(ep.load(), "options", None)
+        if table is not None:
+            tables[ep.name] = table
+    return tables
 
 
 def find_backend(name: str, eps: Iterable[metadata.EntryPoint] | None = None) -> metadata.EntryPoint:
