@@ -25,7 +25,9 @@ if sys.version_info[:2] != (3, 12):
 VLLM_VERSIONS = ["0.31.0", "0.32.0", "0.33.0"]
 """The support window, newest last; each distribution declares the same range (vllm>=0.31,<0.34)."""
 NEWEST = VLLM_VERSIONS[-1]
-PACKAGES = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
+PRODUCT = ["packages/tt-sampling", "packages/tt-scheduler", "packages/tt-models-registry", "packages/tt-platform"]
+"""What a Tenstorrent machine installs; the host backend (tt-host) is for tests, CI and demos."""
+PACKAGES = [*PRODUCT, "packages/tt-host"]
 SOURCES = [f"{p}/src" for p in PACKAGES]
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TT_MESH_BACKEND": "host", "VLLM_TARGET_DEVICE": "",
             "PYTHONDONTWRITEBYTECODE": ""}
@@ -38,11 +40,12 @@ out longest first. ``TT_TEST_WORKERS=0`` runs the suite in one process."""
 LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-jsonschema"]
 
 
-def _install(session: nox.Session, vllm: str, *extra: str) -> None:
-    """vLLM ``vllm`` with its pins, the test tools and the four distributions (editable).
+def _install(session: nox.Session, vllm: str, *extra: str, packages: list[str] = PACKAGES) -> None:
+    """vLLM ``vllm`` with its pins, the test tools and the distributions (editable; all five
+    unless told).
 
     ``--overrides overrides.txt`` lets numpy 2 win over ttnn's ``numpy<2`` (docs/install.md)."""
-    editable = [arg for p in PACKAGES for arg in ("-e", p)]
+    editable = [arg for p in packages for arg in ("-e", p)]
     session.install(
         "--overrides", "overrides.txt", "-r", f"requirements/vllm-{vllm}.txt",
         "-r", "requirements/test.txt", *extra, *editable,
@@ -62,6 +65,31 @@ def unit(session: nox.Session) -> None:
     """Fast tests that never start a vLLM engine (newest vLLM)."""
     _install(session, NEWEST)
     session.run("pytest", *WORKERS, "-m", "not e2e", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(name="platform-alone")
+def platform_alone(session: nox.Session) -> None:
+    """The four product distributions without vllm-tt-host, in an environment of their own: the
+    platform's tests (ttnn recorder, no emulator), then asking for the host backend must name the
+    missing distribution. Not in the default suite."""
+    _install(session, NEWEST, packages=PRODUCT)
+    env = {k: v for k, v in TEST_ENV.items() if k != "TT_MESH_BACKEND"}
+    session.run("pytest", "packages/tt-platform/tests", "-m", "not e2e", *session.posargs, env=env)
+    session.run("python", "-c", MISSING_HOST_CHECK, env=env)
+
+
+MISSING_HOST_CHECK = """
+from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.errors import TTMeshBackendNotInstalledError
+from vllm_tt_platform.mesh.backend import make_backend
+try:
+    make_backend(TTConfig(mesh_backend="host"))
+except TTMeshBackendNotInstalledError as error:
+    assert "vllm-tt-host" in str(error) and "TT_MESH_BACKEND" in str(error), error
+    print("host backend missing, named:", error)
+else:
+    raise SystemExit("the host backend was found without vllm-tt-host installed")
+"""
 
 
 @nox.session

@@ -108,7 +108,7 @@ def steady_decode(model_dir: Path, device_time: str, overlap: bool, steps: int) 
 
 
 def run(steps: int) -> dict:
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     model_dir = Path(build_tiny_checkpoint("llama", Path(tempfile.gettempdir()) / "vllm-tt-bench-tiny-llama"))
     # The emulated device is a Python thread: with the default 5 ms GIL switch interval, its short

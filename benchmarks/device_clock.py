@@ -1,7 +1,7 @@
 """The scheduler benchmark on a modelled device clock: what users feel, in milliseconds.
 
 Each engine step takes the time the host backend's device-time model gives it
-(``vllm_tt_platform.host.device_time``): a step streams the weights and the KV it reads once (a
+(``vllm_tt_platform.cost.device_time``): a step streams the weights and the KV it reads once (a
 decode step's time) and its prefill rows add matmul time; it takes the longer of the two. vLLM's
 stock scheduler's mixed steps are costed the same way, as if a mesh could run them. Reported per
 run: mean and p99 time to first token, mean and p99 inter-token latency (over every interval),
@@ -30,11 +30,11 @@ class StepCost:
 
     spec: str
     costs: Any
-    """A ``vllm_tt_platform.host.device_time.ProgramCosts``."""
+    """A ``vllm_tt_platform.cost.device_time.ProgramCosts``."""
 
     @classmethod
     def of(cls, spec: str) -> StepCost:
-        from vllm_tt_platform.host.device_time import MODEL_PROFILES, parse_device_time
+        from vllm_tt_platform.cost.device_time import MODEL_PROFILES, parse_device_time
         from vllm_tt_platform.mesh.shape import MESH_PRESETS
 
         parsed = parse_device_time(spec)

@@ -200,7 +200,7 @@ def dense_bundle(root: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vllm_metadata.json").write_text(json.dumps({
         "arch": "LlamaForCausalLM",
-        "main_class": "vllm_tt_platform.host.models.families:HostLlamaForCausalLM",
+        "main_class": "vllm_tt_host.models.families:HostLlamaForCausalLM",
         "description": "host Llama, standard multi-process data parallelism (lanes_bench.py)",
         "capabilities": {"single_program_lanes": False},
     }))
@@ -250,7 +250,7 @@ def device_time_from_trace(trace: Path, first_step: int) -> dict[str, float]:
     is one program, a prefill step takes its rows one after another (lane mode: the busiest
     lane's rows, the sub-meshes side by side). With multi-process DP the lines of all ranks are
     summed, so ``device_s`` is the ranks' total; divide by the ranks for one rank's share."""
-    from vllm_tt_platform.host.device_time import parse_device_time
+    from vllm_tt_platform.cost.device_time import parse_device_time
 
     program_s = parse_device_time(E2E_DEVICE_TIME).fixed_s or 0.0
     steps = {"prefill": 0, "decode": 0, "empty": 0}
@@ -272,7 +272,7 @@ def end_to_end(quick: bool, root: Path) -> dict[str, Any]:
     if not device_time_available():
         return {"status": "pending", "reason": "the host backend has no host_device_time option yet "
                                                "(modelled device time, tt-platform config.py)"}
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     spec = E2ESpec()
     model = build_tiny_checkpoint("llama", root / "llama")

@@ -51,7 +51,7 @@ def measure(blocks: int, steps: int) -> dict[str, float]:
     import vllm_tt_platform.runner.step_metrics as step_metrics
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
     from vllm_tt_platform.metrics.engine import NULL_STEP_METRICS
 
     folder = Path(tempfile.mkdtemp(prefix="metrics-bench-"))

@@ -135,7 +135,7 @@ def _measure(url: str, case: Case) -> dict[str, Any]:
 
 
 def run_case(case: Case, root: Path) -> dict[str, Any]:
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     (root / f"{case.name}-two").mkdir(parents=True)
     model = build_tiny_checkpoint("llama", root / "llama")

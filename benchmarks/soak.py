@@ -229,7 +229,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--keep-files", type=Path, help="keep the server's log and both step traces in this directory")
     args = parser.parse_args()
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     traffic.raise_fd_limit()
     server_args = ["--served-model-name", traffic.MODEL, "--max-num-seqs", str(args.max_num_seqs),

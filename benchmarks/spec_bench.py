@@ -126,7 +126,7 @@ def spec_counters(engine: Any) -> tuple[int, int]:
 
 
 def run(count: int) -> dict[str, Any]:
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     model_dir = Path(build_tiny_checkpoint("llama", Path(tempfile.gettempdir()) / "vllm-tt-bench-tiny-llama"))
     workloads = {kind: prompts(kind, count) for kind in ("repetitive", "random")}

@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     fd_limit = traffic.raise_fd_limit()
     specs = traffic.stream_specs(args.streams, args.seed)

@@ -1,6 +1,6 @@
 """Write the generated docs pages or, with --check, fail if any is stale.
 
-The pages: the configuration reference (from ``TTConfig``), the model families and the
+The pages: the configuration reference (from ``TTConfig`` and the env tables), the model families and the
 feature-support matrix (from the model registry, scripts/model_pages.py).
 """
 
@@ -11,11 +11,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model_pages import features_page, models_page
+from vllm_tt_host.envs import markdown_table as host_env_table
 from vllm_tt_platform.config.options import markdown_reference
+
+
+def configuration_page() -> str:
+    """The platform's options and variables, then the host backend's variables."""
+    return (markdown_reference() + "\nThe host mesh backend (the `vllm-tt-host` distribution) reads these:\n\n"
+            + host_env_table())
+
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES: dict[Path, Callable[[], str]] = {
-    DOCS / "configuration.md": markdown_reference,
+    DOCS / "configuration.md": configuration_page,
     DOCS / "models.md": models_page,
     DOCS / "features.md": features_page,
 }

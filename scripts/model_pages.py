@@ -79,7 +79,7 @@ class Proof:
 
 
 _E2E = "tests/e2e"
-_HOST_TESTS = "packages/tt-platform/tests"
+_HOST_TESTS = "packages/tt-host/tests"
 PROOFS: tuple[Proof, ...] = (
     Proof("supports_sample_on_device",
           f"{_E2E}/test_sampling_serve.py::test_greedy_on_device_equals_host_sampled_greedy_and_transformers",
@@ -212,7 +212,7 @@ def _builtin_archs(fam: BuiltinFamily) -> str:
 
 def _tiny_archs() -> dict[str, str]:
     """``--arch`` of each tiny checkpoint -> the TT architecture it is served as."""
-    from vllm_tt_platform.host.tiny import ARCHITECTURES
+    from vllm_tt_host.tiny import ARCHITECTURES
 
     return {key: tt_arch_name(hf) for key, hf in ARCHITECTURES.items()}
 

@@ -6,7 +6,8 @@ cd "$REPO_ROOT"
 VENV="$REPO_ROOT/.venv"
 [ -x "$VENV/bin/python" ] || uv venv --quiet -p "$TT_PYTHON" "$VENV"
 uv pip install --quiet -p "$VENV/bin/python" --overrides overrides.txt -r requirements/vllm-0.33.0.txt \
-  -e packages/tt-sampling -e packages/tt-scheduler -e packages/tt-models-registry -e packages/tt-platform
+  -e packages/tt-sampling -e packages/tt-scheduler -e packages/tt-models-registry -e packages/tt-platform \
+  -e packages/tt-host
 MODEL_DIR="${TT_DEMO_MODEL_DIR:-$REPO_ROOT/artifacts/tiny-llama}"
 "$VENV/bin/vllm-tt-tiny-model" --arch llama --out "$MODEL_DIR" --train-steps "${TT_DEMO_TRAIN_STEPS:-600}"
 export TT_MESH_BACKEND=host

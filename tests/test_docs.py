@@ -34,9 +34,9 @@ def test_generated_pages_are_current():
 
 
 def test_generated_pages_cover_every_registered_family():
+    from vllm_tt_host.models import HOST_MODELS
     from vllm_tt_models_registry.builtin import BUILTIN_FAMILIES
     from vllm_tt_models_registry.names import tt_arch_name
-    from vllm_tt_platform.host.models import HOST_MODELS
 
     models, features = (DOCS / "models.md").read_text(), (DOCS / "features.md").read_text()
     for arch, target in HOST_MODELS.items():
@@ -51,7 +51,7 @@ def test_generated_pages_cover_every_registered_family():
 def test_every_proof_names_a_test_that_builds_its_families(model_pages: ModuleType):
     """(Which families a test parametrized over ``arch`` runs, the generator asks pytest; a
     failing or empty collection fails the generator, so the staleness test above.)"""
-    from vllm_tt_platform.host.tiny import ARCHITECTURES
+    from vllm_tt_host.tiny import ARCHITECTURES
 
     assert {p.feature for p in model_pages.PROOFS} <= set(model_pages.FEATURES)
     for proof in model_pages.PROOFS:

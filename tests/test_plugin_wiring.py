@@ -1,4 +1,4 @@
-"""The entry points wire the four distributions into vLLM, and the platform only activates
+"""The entry points wire the five distributions into vLLM, and the platform only activates
 where ttnn imports."""
 
 from __future__ import annotations
@@ -32,6 +32,20 @@ def test_entry_points_are_declared():
     general = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert platform["tt"] == "vllm_tt_platform:detect"
     assert general["tt_model_registry"] == "vllm_tt_models_registry.plugin:register"
+
+
+def test_mesh_backends_and_model_sources_are_declared_by_their_distributions():
+    """The platform registers only the ttnn backend; the host backend and its models come from
+    vllm-tt-host, which the platform never imports."""
+    backends = {ep.name: (ep.value, ep.dist.name if ep.dist else None)
+                for ep in entry_points(group="vllm_tt.mesh_backends")}
+    sources = {ep.name: (ep.value, ep.dist.name if ep.dist else None)
+               for ep in entry_points(group="vllm_tt.model_sources")}
+    assert backends == {
+        "ttnn": ("vllm_tt_platform.mesh.ttnn_mesh:TtnnMeshBackend", "vllm-tt-platform"),
+        "host": ("vllm_tt_host.backend:HostMeshBackend", "vllm-tt-host"),
+    }
+    assert sources["host"] == ("vllm_tt_host.models:HOST_MODELS", "vllm-tt-host")
 
 
 def test_platform_active_when_ttnn_imports():

@@ -36,7 +36,7 @@ def _code_key(*parts: object) -> str:
     versions: what a saved checkpoint depends on."""
     import torch
     import transformers
-    import vllm_tt_platform.host.tiny as tiny
+    import vllm_tt_host.tiny as tiny
 
     from vllm_tt_testing import tiny_vl
 
@@ -61,7 +61,7 @@ def cached(name: str, build: Callable[[Path], Path], *recipe: object) -> Path:
 
 def cached_tiny(arch: str, train_steps: int = 0) -> Path:
     """The tiny ``arch`` checkpoint (``build_tiny_checkpoint``), trained ``train_steps`` steps."""
-    from vllm_tt_platform.host.tiny import build_tiny_checkpoint
+    from vllm_tt_host.tiny import build_tiny_checkpoint
 
     return cached(f"tiny-{arch}-{train_steps}", lambda out: build_tiny_checkpoint(arch, out, train_steps=train_steps),
                   arch, train_steps)
@@ -89,7 +89,7 @@ def parity_fixtures(
     @pytest.fixture(scope="module", name="model")
     def model(checkpoint: Path) -> Any:
         from transformers import AutoConfig
-        from vllm_tt_platform.host.device import HostMeshDevice
+        from vllm_tt_host.device import HostMeshDevice
         from vllm_tt_platform.mesh.shape import MeshShape
 
         config = AutoConfig.from_pretrained(checkpoint)

@@ -121,7 +121,7 @@ def build_tiny_gemma3_vl(out: Path) -> Path:
     if built(out, STAMP, RECIPE):
         return out
     import torch
-    import vllm_tt_platform.host.tiny as tiny
+    import vllm_tt_host.tiny as tiny
     from transformers import Gemma3ForConditionalGeneration, GenerationConfig
 
     paragraphs = [p.strip() for p in tiny.corpus_text().split("\n\n") if p.strip()]

@@ -46,7 +46,7 @@ RECIPE = {"format": 1, "train_steps": TRAIN_STEPS, "kinds": KINDS, "patch": PATC
 
 
 def build_processor() -> Any:
-    import vllm_tt_platform.host.tiny as tiny
+    import vllm_tt_host.tiny as tiny
     from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
 
     tok = tiny.build_tokenizer()
@@ -85,7 +85,7 @@ def build_tiny_mistral3(out: Path) -> Path:
     if built(out, STAMP, RECIPE):
         return out
     import torch
-    import vllm_tt_platform.host.tiny as tiny
+    import vllm_tt_host.tiny as tiny
     from transformers import GenerationConfig, Mistral3ForConditionalGeneration
 
     processor = build_processor()

@@ -45,7 +45,7 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     if built(out, STAMP, RECIPE):
         return out
     import torch
-    import vllm_tt_platform.host.tiny as tiny
+    import vllm_tt_host.tiny as tiny
     from transformers import (
         GenerationConfig,
         PreTrainedTokenizerFast,

@@ -274,7 +274,7 @@ def _kind(spec: Spec) -> str:
 
 def prompts(n: int, seed: int) -> list[str]:
     """``n`` distinct prompts of 1 to ~60 words from the tiny model's corpus."""
-    words = (resources.files("vllm_tt_platform.host") / "corpus.txt").read_text().split()
+    words = (resources.files("vllm_tt_host") / "corpus.txt").read_text().split()
     rng = random.Random(seed)
     out: list[str] = []
     while len(out) < n:

@@ -37,7 +37,7 @@ def limited_bundles(tmp_path_factory) -> str:
         "capabilities": {"supports_async_decode": False, "supports_prefix_caching": False},
     }))
     (bundle / "sync_llama.py").write_text(
-        "from vllm_tt_platform.host.models.families import HostLlamaForCausalLM\n\n\n"
+        "from vllm_tt_host.models.families import HostLlamaForCausalLM\n\n\n"
         "class SyncLlama(HostLlamaForCausalLM):\n    pass\n"
     )
     return str(root)

@@ -22,7 +22,7 @@ ROWS = 4
 """Decode rows (per lane with lanes)."""
 LANES = 4
 TRAIN_STEPS = 120
-"""The recipe packages/tt-platform/tests/test_host_deepseek_v3.py builds (one build a session)."""
+"""The recipe packages/tt-host/tests/test_host_deepseek_v3.py builds (one build a session)."""
 CHUNK = 64
 """``max_num_batched_tokens``: prompts longer than this are prefilled in several chunks."""
 

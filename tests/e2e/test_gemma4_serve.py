@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 WINDOW = 32
 TRAIN_STEPS = 100
-"""The recipe packages/tt-platform/tests/test_host_gemma4.py builds: one build per session."""
+"""The recipe packages/tt-host/tests/test_host_gemma4.py builds: one build per session."""
 BLOCKS = 40
 """KV blocks of 32 tokens (4 groups) for 4 rows of up to 256 tokens: one request needs up to
 ~15, so four long ones (the preemption round) do not fit at once."""

@@ -85,7 +85,7 @@ def dense_bundle(tmp_path_factory) -> Path:
     (bundle / "vllm_metadata.json").write_text(
         json.dumps({"arch": "LlamaForCausalLM", "main_class": "dense_llama_multi_host:DenseLlama"}))
     (bundle / "dense_llama_multi_host.py").write_text(textwrap.dedent("""
-        from vllm_tt_platform.host.models.families import HostLlamaForCausalLM
+        from vllm_tt_host.models.families import HostLlamaForCausalLM
 
         class DenseLlama(HostLlamaForCausalLM):
             model_capabilities = {**HostLlamaForCausalLM.model_capabilities, "single_program_lanes": False}

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 ROWS = 4
 TRAIN_STEPS = 100
-"""The recipe packages/tt-platform/tests/test_host_qwen3_5.py builds (one build a session)."""
+"""The recipe packages/tt-host/tests/test_host_qwen3_5.py builds (one build a session)."""
 CHUNK = 64
 """``max_num_batched_tokens``: prompts longer than this are prefilled in several chunks."""
 

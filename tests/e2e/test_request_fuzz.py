@@ -20,7 +20,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from vllm_tt_platform.host.tiny import TOKENIZER_VOCAB
+from vllm_tt_host.tiny import TOKENIZER_VOCAB
 
 from tests.e2e.helpers import serve
 

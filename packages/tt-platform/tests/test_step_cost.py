@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.step_cost import hand_step_cost, roofline, step_cost_model
+from vllm_tt_platform.cost.device_time import MODEL_PROFILES, parse_device_time
 from vllm_tt_platform.errors import TTConfigError
-from vllm_tt_platform.host.device_time import MODEL_PROFILES, parse_device_time
 from vllm_tt_platform.mesh.shape import MESH_PRESETS, MeshRequest
 from vllm_tt_platform.mesh.topology import Topology
 from vllm_tt_scheduler import SchedulerOptions

@@ -43,7 +43,7 @@ def _load_recorder() -> Any:
 _recorder = _load_recorder()
 FakeCluster, Recorder, surface_problems = _recorder.FakeCluster, _recorder.Recorder, _recorder.surface_problems
 
-HOST_HINTS = ("--additional-config.tt.mesh_backend host", "TT_MESH_BACKEND=host")
+HOST_HINTS = ("vllm-tt-host", "--additional-config.tt.mesh_backend host", "TT_MESH_BACKEND=host")
 TRACE = TTConfig().trace_region_size
 CONSTRUCTORS = ("MeshShape", "DispatchCoreConfig")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_tt_platform.host.models.families import HostLlamaForCausalLM
+from vllm_tt_host.models.families import HostLlamaForCausalLM
 
 logger = logging.getLogger("vllm.host_llama_example")  # under "vllm." so vLLM prints it
 

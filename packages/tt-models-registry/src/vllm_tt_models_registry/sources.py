@@ -61,7 +61,7 @@ def load_source(name: str, eps: Iterable[metadata.EntryPoint] | None = None) -> 
         raise RegistryError(
             f"TT_MESH_BACKEND={name!r} needs a model source named {name!r} in the entry-point "
             f"group {MODEL_SOURCES_GROUP}, and no installed package declares one. "
-            f"Fix: install the package providing it (vllm-tt-platform provides 'host'), "
+            f"Fix: install the package providing it (vllm-tt-host provides 'host'), "
             f"or use TT_MESH_BACKEND=ttnn"
         )
     if len({ep.value for ep in matches}) > 1:

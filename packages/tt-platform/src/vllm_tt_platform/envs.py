@@ -2,8 +2,9 @@
 
 Read lazily from a mapping passed in (``os.environ`` by default). The registry's own variables
 (``TT_MESH_BACKEND``, ``EXTRA_MODELS_DIR``, ...) live in its table; options that also have a
-``--additional-config.tt`` key are declared with the option (``config.options``). The
-configuration reference lists this table (``python scripts/gen_docs.py``).
+``--additional-config.tt`` key are declared with the option (``config.options``); the host
+backend's are in ``vllm_tt_host.envs``. The configuration reference lists this table
+(``python scripts/gen_docs.py``).
 """
 
 from __future__ import annotations
@@ -62,13 +63,6 @@ VLLM_TT_METRICS: EnvVar[str | None] = EnvVar(
     "Set by the platform, not by users: the ZMQ base address the engine sends its TT metrics to "
     "(`vllm serve` without `--disable-log-stats`). Unset: TT metrics off, at no cost.",
 )
-TT_HOST_FAULTS: EnvVar[str | None] = EnvVar(
-    "TT_HOST_FAULTS",
-    "",
-    _optional_path,
-    "Host backend, tests only: `module:factory` of a fault injector (`vllm_tt_platform.faults.Faults`) "
-    "installed on the emulated device, e.g. `vllm_tt_testing.device_faults:from_env`. Unset: no faults.",
-)
 VLLM_TARGET_DEVICE: EnvVar[str] = EnvVar(
     "VLLM_TARGET_DEVICE",
     "",
@@ -83,15 +77,16 @@ VLLM_USE_V2_MODEL_RUNNER: EnvVar[str] = EnvVar(
 )
 
 ENV_VARS: tuple[EnvVar, ...] = (
-    MESH_DEVICE, TT_VISIBLE_DEVICES, TT_SAMPLING_TRACE, TT_HOST_FAULTS, VLLM_TT_METRICS, VLLM_TARGET_DEVICE,
+    MESH_DEVICE, TT_VISIBLE_DEVICES, TT_SAMPLING_TRACE, VLLM_TT_METRICS, VLLM_TARGET_DEVICE,
     VLLM_USE_V2_MODEL_RUNNER,
 )
 
 
-def markdown_table() -> str:
-    """The variables as a Markdown table, for the configuration reference."""
+def markdown_table(variables: tuple[EnvVar, ...] = ENV_VARS) -> str:
+    """The variables as a Markdown table, for the configuration reference (the host backend
+    renders its own table through this too)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for var in ENV_VARS:
+    for var in variables:
         default = f"`{var.default}`" if var.default else "unset"
         rows.append(f"| `{var.name}` | {default} | {var.doc} |")
     return "\n".join(rows) + "\n"

@@ -24,6 +24,22 @@ class TTUnsupportedFeatureError(TTConfigError):
     """The user asked for a vLLM feature the TT backend (or this model) does not provide."""
 
 
+class TTMeshBackendNotInstalledError(TTConfigError):
+    """The chosen mesh backend is registered by no installed distribution (``host`` needs
+    ``vllm-tt-host``, which a production install leaves out)."""
+
+    def __init__(self, name: str, distribution: str | None, installed: list[str]) -> None:
+        self.distribution = distribution
+        allowed = f"an installed backend ({', '.join(installed) or 'none installed'})"
+        if distribution:
+            fix = (f"install the {distribution} distribution (`pip install {distribution}`, or "
+                   f"`pip install ./packages/{distribution.removeprefix('vllm-')}` from the repository), "
+                   "or choose another backend")
+        else:
+            fix = "install the distribution that registers it in vllm_tt.mesh_backends, or choose another backend"
+        super().__init__("TT_MESH_BACKEND / --additional-config.tt.mesh_backend", name, allowed, fix)
+
+
 class TTDeviceNotFoundError(RuntimeError):
     """``mesh_backend=ttnn`` was chosen but no Tenstorrent device can be opened."""
 

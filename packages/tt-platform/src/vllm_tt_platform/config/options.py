@@ -16,7 +16,9 @@ from typing import Any
 from vllm_tt_scheduler.options import PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
+from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.mesh.backend import option_tables
 
 KEY_PREFIX = "--additional-config.tt."
 INTERNAL_PREFIX = "_"
@@ -24,11 +26,12 @@ INTERNAL_PREFIX = "_"
 packages (e.g. the scheduler); users never set them."""
 
 
-def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
+def option(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
          minimum: float | None = None, choices_from: Callable[[], tuple[str, ...]] | None = None,
          check: Callable[[str], object] | None = None, allowed: str = "") -> dict[str, Any]:
-    """``check`` validates a free-form string (raising ``ValueError`` with the accepted forms);
-    ``allowed`` describes those forms in the generated reference."""
+    """A field's metadata (here, and in a mesh backend's own option table): ``check`` validates a
+    free-form string (raising ``ValueError`` with the accepted forms); ``allowed`` describes those
+    forms in the generated reference."""
     return {"doc": doc, "choices": choices, "env": env, "minimum": minimum, "choices_from": choices_from,
             "check": check, "allowed": allowed}
 
@@ -36,13 +39,7 @@ def _opt(doc: str, *, choices: tuple[str, ...] = (), env: str | None = None,
 def _scheduler_opt(spec: OptionSpec[Any]) -> Any:
     """A field the scheduler declares (``vllm_tt_scheduler.options``): default, minimum and doc
     are the spec's, and the field's annotation is ``spec.kind`` (``test_config`` checks)."""
-    return field(default=spec.default, metadata={**_opt(spec.doc, minimum=spec.minimum), "scheduler": spec})
-
-
-def _device_time(value: str) -> object:
-    from vllm_tt_platform.host.device_time import parse_device_time
-
-    return parse_device_time(value)
+    return field(default=spec.default, metadata={**option(spec.doc, minimum=spec.minimum), "scheduler": spec})
 
 
 def _fabric_configs() -> tuple[str, ...]:
@@ -61,75 +58,59 @@ def _fabric_reliability_modes() -> tuple[str, ...]:
 class TTConfig:
     """The TT backend's options, as resolved from ``additional_config["tt"]`` and the environment."""
 
-    mesh_backend: str = field(default="ttnn", metadata=_opt(
+    mesh_backend: str = field(default="ttnn", metadata=option(
         "Which mesh backend runs the model programs: `ttnn` opens a real Tenstorrent mesh; "
         "`host` emulates the device contract on the CPU (tests, CI, development).",
         choices=("ttnn", "host"), env="TT_MESH_BACKEND"))
-    sample_on_device_mode: str | None = field(default=None, metadata=_opt(
+    sample_on_device_mode: str | None = field(default=None, metadata=option(
         "Sample on the device for `all` steps or `decode_only`; unset samples on the host. "
         "Needs a model declaring `supports_sample_on_device`; batches the device cannot express "
         "fall back to the host sampler.", choices=("all", "decode_only")))
-    always_compat_sampling: bool = field(default=False, metadata=_opt(
+    always_compat_sampling: bool = field(default=False, metadata=option(
         "Force vLLM's host sampler for every batch (debugging, A/B checks)."))
-    trace_mode: str = field(default="all", metadata=_opt(
+    trace_mode: str = field(default="all", metadata=option(
         "Which programs replay captured traces: `all`, `decode_only` or `none`.",
         choices=("all", "decode_only", "none")))
-    enable_model_warmup: bool = field(default=True, metadata=_opt(
+    enable_model_warmup: bool = field(default=True, metadata=option(
         "Compile and capture traces before serving. Without warmup, trace_mode must be `none`."))
-    trace_region_size: int = field(default=50_000_000, metadata=_opt(
+    trace_region_size: int = field(default=50_000_000, metadata=option(
         "Bytes of device DRAM reserved for traces when tracing is on.", minimum=0))
-    worker_l1_size: int | None = field(default=None, metadata=_opt(
+    worker_l1_size: int | None = field(default=None, metadata=option(
         "Worker L1 size in bytes passed to `ttnn.open_mesh_device`; unset keeps ttnn's default.",
         minimum=1))
-    l1_small_size: int | None = field(default=None, metadata=_opt(
+    l1_small_size: int | None = field(default=None, metadata=option(
         "L1 small region in bytes passed to `ttnn.open_mesh_device`; unset keeps ttnn's default.",
         minimum=1))
-    fabric_config: str | None = field(default=None, metadata=_opt(
+    fabric_config: str | None = field(default=None, metadata=option(
         "A `ttnn.FabricConfig` member name; unset picks by cluster: Galaxy FABRIC_1D_RING, "
         "Blackhole Galaxy FABRIC_2D_TORUS_XY, other multi-chip FABRIC_1D, one chip none.",
         choices_from=_fabric_configs))
-    fabric_reliability_mode: str = field(default="STRICT_INIT", metadata=_opt(
+    fabric_reliability_mode: str = field(default="STRICT_INIT", metadata=option(
         "A `ttnn.FabricReliabilityMode` member name.", choices_from=_fabric_reliability_modes))
-    dispatch_core_axis: str | None = field(default=None, metadata=_opt(
+    dispatch_core_axis: str | None = field(default=None, metadata=option(
         "Axis of the dispatch cores: `row` or `col`; unset keeps ttnn's default.",
         choices=("row", "col")))
-    optimizations: str | None = field(default=None, metadata=_opt(
+    optimizations: str | None = field(default=None, metadata=option(
         "Precision preset forwarded to the model's `initialize_vllm_model`.",
         choices=("performance", "accuracy")))
-    readback_timeout_s: float = field(default=60.0, metadata=_opt(
+    readback_timeout_s: float = field(default=60.0, metadata=option(
         "Seconds the runner waits for a decode readback before it declares the device hung: "
         "the engine then stops with a `TTReadbackTimeoutError` (vLLM answers the requests in "
         "flight with an error and the API server exits) instead of hanging. Raise it only if "
         "one decode step can legitimately take longer.", minimum=0.1))
     prefill_burst: int = _scheduler_opt(PREFILL_BURST)
     prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
-    step_cost: str | None = field(default=None, metadata=_opt(
+    step_cost: str | None = field(default=None, metadata=option(
         "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
         "and how many prompts share a prefill step by modelled device time (the cost-aware "
         "policy; `prefill_hold` is then unused). Unset: the step-counted policy. "
-        "See docs/scheduling.md.", check=_device_time,
+        "See docs/scheduling.md.", check=parse_device_time,
         allowed="`served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`; a duration (`40ms`)"))
-    host_device_time: str | None = field(default=None, metadata=_opt(
-        "Host backend only: make the emulated device take modelled time. Programs then run on "
-        "the device's own thread and complete no earlier than their duration, and readbacks "
-        "complete through events. Unset: programs take as long as the host math. See "
-        "docs/async-decode.md for the cost model.", check=_device_time,
-        allowed="a duration (`25ms`); `served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`"))
-    host_skip_math: bool = field(default=False, metadata=_opt(
-        "Host backend only: skip the model math and return deterministic stand-in tokens "
-        "(keyed by input token and position), so emulated large models can be timed on a CPU."))
-
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"internal": True})
     """Where each option's value came from: `set`, `env` or `default`."""
-
-    def __post_init__(self) -> None:
-        if self.mesh_backend != "host":
-            for name in ("host_device_time", "host_skip_math"):
-                if getattr(self, name):
-                    raise TTConfigError(
-                        f"{KEY_PREFIX}{name}", getattr(self, name), "unset unless mesh_backend is `host`",
-                        f"remove {KEY_PREFIX}{name}, or set {KEY_PREFIX}mesh_backend host",
-                    )
+    backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False, metadata={"internal": True})
+    """The values of the keys the chosen mesh backend declares in its own option table
+    (``mesh.backend.option_tables``, e.g. the host backend's ``host_*``), parsed like the rest."""
 
     @classmethod
     def options(cls) -> list[Any]:
@@ -145,28 +126,29 @@ class TTConfig:
         environ = os.environ if environ is None else environ
         tt = dict(tt or {})
         known = {f.name: f for f in cls.options()}
+        backend_keys = {f.name: (backend, f) for backend, table in option_tables().items() for f in fields(table)}
         for key in tt:
             if key.startswith(INTERNAL_PREFIX):
                 continue
-            if key not in known:
-                close = difflib.get_close_matches(key, list(known), n=1)
+            if key not in known and key not in backend_keys:
+                keys = [*known, *backend_keys]
+                close = difflib.get_close_matches(key, keys, n=1)
                 hint = f"did you mean {KEY_PREFIX}{close[0]}?" if close else "remove it"
                 raise TTConfigError(
-                    f"{KEY_PREFIX}{key}", tt[key], f"one of the keys {', '.join(known)}", hint
+                    f"{KEY_PREFIX}{key}", tt[key], f"one of the keys {', '.join(keys)}", hint
                 )
-        values: dict[str, Any] = {}
-        provenance: dict[str, str] = {}
-        for name, f in known.items():
-            env = f.metadata["env"]
-            if name in tt:
-                values[name] = _parse(f, tt[name], f"{KEY_PREFIX}{name}")
-                provenance[name] = "set"
-            elif env and environ.get(env):
-                values[name] = _parse(f, environ[env], env)
-                provenance[name] = "env"
-            else:
-                provenance[name] = "default"
-        return cls(**values, provenance=provenance)
+        values, provenance = _read(known, tt, environ)
+        mesh_backend = values.get("mesh_backend", cls.mesh_backend)
+        extra, extra_provenance = _read({name: f for name, (_, f) in backend_keys.items()}, tt, environ)
+        for name, value in extra.items():
+            backend = backend_keys[name][0]
+            if value and backend != mesh_backend:
+                raise TTConfigError(
+                    f"{KEY_PREFIX}{name}", value, f"unset unless mesh_backend is `{backend}`",
+                    f"remove {KEY_PREFIX}{name}, or set {KEY_PREFIX}mesh_backend {backend}",
+                )
+        backend_options = {name: value for name, value in extra.items() if backend_keys[name][0] == mesh_backend}
+        return cls(**values, provenance={**provenance, **extra_provenance}, backend_options=backend_options)
 
     def origin(self, name: str) -> str:
         """Where option ``name`` came from, in words for the startup log."""
@@ -179,9 +161,29 @@ class TTConfig:
         return "default"
 
     def summary(self) -> str:
-        """One line per option: value and whether it was set or defaulted."""
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r} ({self.provenance.get(f.name, 'default')})"
-                         for f in self.options())
+        """One line per option (the chosen backend's own included): value and whether it was set
+        or defaulted."""
+        values = [(f.name, getattr(self, f.name)) for f in self.options()] + list(self.backend_options.items())
+        return ", ".join(f"{name}={value!r} ({self.provenance.get(name, 'default')})" for name, value in values)
+
+
+def _read(known: Mapping[str, Any], tt: Mapping[str, Any],
+          environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values of the fields ``known`` that ``tt`` or the environment sets, and where each
+    field's value came from."""
+    values: dict[str, Any] = {}
+    provenance: dict[str, str] = {}
+    for name, f in known.items():
+        env = f.metadata["env"]
+        if name in tt:
+            values[name] = _parse(f, tt[name], f"{KEY_PREFIX}{name}")
+            provenance[name] = "set"
+        elif env and environ.get(env):
+            values[name] = _parse(f, environ[env], env)
+            provenance[name] = "env"
+        else:
+            provenance[name] = "default"
+    return values, provenance
 
 
 def _parse(f: Any, raw: Any, setting: str) -> Any:
@@ -248,7 +250,8 @@ def markdown_reference() -> str:
         "| key | type | default | allowed | env | description |",
         "|---|---|---|---|---|---|",
     ]
-    for f in TTConfig.options():
+    backend_fields = [f for table in option_tables().values() for f in fields(table)]
+    for f in [*TTConfig.options(), *backend_fields]:
         default = f.default if f.default is not MISSING else ""
         choices = f.metadata["choices"]
         allowed = ", ".join(f"`{c}`" for c in choices) if choices else f.metadata["allowed"] or (

@@ -27,6 +27,7 @@ from vllm_tt_platform.config.startup_checks import (
 )
 from vllm_tt_platform.config.step_cost import hand_step_cost
 from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.mesh.backend import find_backend
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
 
@@ -75,6 +76,7 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
             "--model", vllm_config.model_config.model, "a checkpoint whose config.json lists `architectures`",
             "add the Hugging Face architecture name to config.json",
         )
+    find_backend(config.mesh_backend)  # a backend no installed distribution registers fails here, named
     registry = load_registry(config.mesh_backend, environ=environ)
     model = registry.resolve(tt_arch_name(archs[0]))
     capabilities = model.capabilities()

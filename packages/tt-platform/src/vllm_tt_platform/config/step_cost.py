@@ -1,17 +1,18 @@
 """The step cost model the platform hands the phase scheduler (``tt.step_cost``).
 
 The scheduler decides by modelled device time only when it gets one (``vllm_tt_scheduler.cost``);
-its numbers come from the host backend's device-time model (``host.device_time``), the same
-roofline the host backend replays, of the served checkpoint (or a named model profile) on the
-served mesh (or a named preset). Loaded lazily: that module is the host backend's.
+its numbers come from the device cost model (``cost.device_time``), the same roofline the host
+backend replays, of the served checkpoint (or a named model profile) on the served mesh (or a
+named preset).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from vllm_tt_scheduler.cost import RooflineStepCost, record_step_cost
 
+from vllm_tt_platform.cost.device_time import ModelDims, ProgramCosts, parse_device_time
 from vllm_tt_platform.errors import TTConfigError
 
 if TYPE_CHECKING:
@@ -21,13 +22,6 @@ if TYPE_CHECKING:
 SETTING = "--additional-config.tt.step_cost"
 
 
-class DeviceCosts(Protocol):
-    """What is read of a ``host.device_time.ProgramCosts`` (imported lazily: the host backend's)."""
-
-    def decode_s(self, context_tokens: int) -> float: ...
-
-    def prefill_s(self, tokens: int, start: int) -> float: ...
-
 STEP_COST_FORMS = (
     "`served` (the served checkpoint on the MESH_DEVICE mesh), a model profile (`llama-3.1-8b`, "
     "`llama-3.3-70b`, on the MESH_DEVICE mesh), `<model>@<MESH_DEVICE preset>` such as "
@@ -35,7 +29,7 @@ STEP_COST_FORMS = (
 )
 
 
-def roofline(costs: DeviceCosts, description: str) -> RooflineStepCost:
+def roofline(costs: ProgramCosts, description: str) -> RooflineStepCost:
     """The scheduler's roofline, read off the device-time model's own costs: a program's fixed
     cost, the weight stream, KV per position, matmul per token and attention per token pair."""
     program = costs.prefill_s(0, 0)
@@ -53,8 +47,6 @@ def roofline(costs: DeviceCosts, description: str) -> RooflineStepCost:
 
 def step_cost_model(spec: str, hf_config: Any, mesh: MeshRequest) -> RooflineStepCost:
     """The cost model ``spec`` names, for a checkpoint of ``hf_config`` on ``mesh``."""
-    from vllm_tt_platform.host.device_time import ModelDims, parse_device_time
-
     parsed = parse_device_time(spec)
     costs = parsed.resolve(ModelDims.from_hf(hf_config), mesh.shape, mesh.preset)
     return roofline(costs, f"{spec}: {costs.description}")

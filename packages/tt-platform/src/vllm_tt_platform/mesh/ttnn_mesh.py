@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from vllm.logger import init_logger
 
-from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.errors import TTConfigError, TTDeviceNotFoundError
 from vllm_tt_platform.mesh.shape import MeshRequest, MeshShape, preset_name
 
@@ -45,9 +44,29 @@ TTNN_SURFACE: dict[str, tuple[str, ...]] = {
 ``FabricConfig`` and ``FabricReliabilityMode`` members are also looked up by the names that
 ``TTConfig`` validated against the installed ttnn."""
 
+class TtnnOptions(Protocol):
+    """The options of ``config.options.TTConfig`` that opening a ttnn mesh reads (a protocol,
+    so the mesh seam does not import ``config``)."""
+
+    @property
+    def fabric_config(self) -> str | None: ...
+    @property
+    def fabric_reliability_mode(self) -> str: ...
+    @property
+    def dispatch_core_axis(self) -> str | None: ...
+    @property
+    def trace_mode(self) -> str: ...
+    @property
+    def trace_region_size(self) -> int: ...
+    @property
+    def worker_l1_size(self) -> int | None: ...
+    @property
+    def l1_small_size(self) -> int | None: ...
+
+
 HOST_BACKEND_HINT = (
-    "To run without a Tenstorrent device, use the host mesh backend: "
-    "--additional-config.tt.mesh_backend host or TT_MESH_BACKEND=host."
+    "To run without a Tenstorrent device, install the vllm-tt-host distribution and use the host "
+    "mesh backend: --additional-config.tt.mesh_backend host or TT_MESH_BACKEND=host."
 )
 
 FABRIC_OFF = "DISABLED"
@@ -103,7 +122,7 @@ class MeshOpenPlan:
         )
 
 
-def choose_fabric(config: TTConfig, request: MeshRequest, cluster_type: Callable[[], str]) -> FabricChoice:
+def choose_fabric(config: TtnnOptions, request: MeshRequest, cluster_type: Callable[[], str]) -> FabricChoice:
     """The user's ``fabric_config`` if set, else a default for the cluster; ``cluster_type``
     (a ``ClusterType`` name) is only asked for a multi-chip mesh without a Galaxy preset."""
     if config.fabric_config is not None:
@@ -120,7 +139,7 @@ def choose_fabric(config: TTConfig, request: MeshRequest, cluster_type: Callable
     return FabricChoice(name, f"the default for a multi-chip {cluster} cluster (from {source})")
 
 
-def plan_open(config: TTConfig, request: MeshRequest, cluster_type: Callable[[], str]) -> MeshOpenPlan:
+def plan_open(config: TtnnOptions, request: MeshRequest, cluster_type: Callable[[], str]) -> MeshOpenPlan:
     return MeshOpenPlan(
         shape=request.shape,
         fabric=choose_fabric(config, request, cluster_type),
@@ -138,7 +157,7 @@ class TtnnMeshBackend:
 
     name = "ttnn"
 
-    def __init__(self, config: TTConfig) -> None:
+    def __init__(self, config: TtnnOptions) -> None:
         self._config = config
         self._ttnn = _import_ttnn()
         self._fabric_set = False

@@ -1,0 +1,254 @@
+"""The host Qwen2.5-VL model against transformers' own modules and model.
+
+A tiny random ``Qwen2_5_VLForConditionalGeneration`` is saved and loaded by both sides. The
+vision tower is compared module by module on images whose window partition differs from the
+whole image (a tiny end-to-end model does not show full-instead-of-window attention), the
+mRoPE indices against ``get_rope_index``, the uint8 normalisation against the HF image
+processor; then whole prompts with 0, 1 and 2 images run through the host contract (prefill,
+chunked prefill, decode with the returned deltas) against HF's logits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+from vllm_tt_host.device import HostMeshDevice
+from vllm_tt_host.models import HOST_MODELS
+from vllm_tt_host.models.qwen2_5_vl import (
+    HostQwen2_5_VLForConditionalGeneration,
+    Qwen25VLConfig,
+    mrope_positions,
+)
+from vllm_tt_host.models.qwen2_5_vl_vision import PixelNorm, VisionTower
+from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_models_registry.contract import check_model_class
+from vllm_tt_platform.mesh.shape import MeshShape
+
+VIDEO, START, END, IMAGE = 296, 297, 298, 299
+BLOCK = 16
+NUM_BLOCKS = 64
+GRIDS = ((1, 8, 8), (1, 4, 6))
+"""16 and 6 image tokens; 4 and 2 attention windows of 2x2 merge units."""
+
+
+def tiny_config() -> Qwen2_5_VLConfig:
+    return Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                           temporal_patch_size=2, spatial_merge_size=2, window_size=16, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = Qwen2_5_VLForConditionalGeneration(tiny_config())
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if weight.dim() == 2:
+                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
+    folder = tmp_path_factory.mktemp("tiny-qwen2_5_vl")
+    hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    config = AutoConfig.from_pretrained(checkpoint)
+    return HostQwen2_5_VLForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 512)
+
+
+def pixels_u8(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
+    """Flattened patches ``[t*h*w, 3*2*4*4]`` as vLLM sends them by default (uint8)."""
+    t, h, w = grid
+    return torch.randint(0, 256, (t * h * w, 96), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def normalised(pixels: torch.Tensor) -> torch.Tensor:
+    return PixelNorm().apply(pixels, 3)
+
+
+def prompt(seed: int, lengths: list[int], grids: tuple[tuple[int, int, int], ...] = GRIDS) -> list[int]:
+    """Text runs of ``lengths`` with an image (start, placeholders, end) between each two."""
+    gen = torch.Generator().manual_seed(seed)
+    ids: list[int] = []
+    for k, n in enumerate(lengths):
+        if k:
+            t, h, w = grids[k - 1]
+            ids += [START] + [IMAGE] * (t * h * w // 4) + [END]
+        ids += torch.randint(3, 290, (n,), generator=gen).tolist()
+    return ids
+
+
+# ---- modules ---------------------------------------------------------------------------------
+def test_vision_tower_equals_transformers_including_its_windows(hf, model):
+    tower = model.decoder.tower
+    images = [pixels_u8(1, GRIDS[0]), pixels_u8(2, GRIDS[1])]
+    with torch.no_grad():
+        expected = hf.model.visual(torch.cat([normalised(p) for p in images]), grid_thw=torch.tensor(GRIDS)).pooler_output
+    ours = torch.cat([tower(p, g) for p, g in zip(images, GRIDS, strict=True)])
+    assert ours.shape == (16 + 6, 64)
+    assert torch.allclose(ours, expected, atol=1e-5), (ours - expected).abs().max()
+    everywhere_full = VisionTower(dataclasses.replace(tower.config, full_attention_blocks=(0, 1, 2)), tower.weights,
+                                  tower.norm)
+    wrong = torch.cat([everywhere_full(p, g) for p, g in zip(images, GRIDS, strict=True)])
+    assert (wrong - expected).abs().max() > 100 * (ours - expected).abs().max() + 1e-3, (
+        "full attention in the window blocks must be visible at the module level"
+    )
+
+
+def test_uint8_pixels_are_normalised_as_the_hf_image_processor_does():
+    processor = Qwen2VLImageProcessor(patch_size=4, temporal_patch_size=2, merge_size=2,
+                                      size={"shortest_edge": 64, "longest_edge": 4096})
+    image = np.random.default_rng(0).integers(0, 256, (32, 24, 3), dtype=np.uint8)
+    reference = processor(images=[image], return_tensors="pt")
+    raw = processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
+    assert reference["image_grid_thw"].tolist() == [[1, 8, 6]]
+    ours = PixelNorm().apply(raw["pixel_values"].round().to(torch.uint8), 3)
+    assert torch.allclose(ours, reference["pixel_values"], atol=1e-5)
+
+
+def test_mrope_indices_and_delta_equal_get_rope_index(hf, model):
+    ids = prompt(3, [5, 4, 3])
+    input_ids = torch.tensor([ids])
+    expected, delta = hf.model.get_rope_index(input_ids, mm_token_type_ids=(input_ids == IMAGE).int(),
+                                              image_grid_thw=torch.tensor(GRIDS))
+    config = model.decoder.config
+    assert isinstance(config, Qwen25VLConfig)
+    ours, runs = mrope_positions(torch.tensor(ids), list(GRIDS), config)
+    assert torch.equal(ours, expected[:, 0])
+    assert int(ours.max()) + 1 - len(ids) == int(delta) != 0
+    assert [stop - first for first, stop in runs] == [16, 6]
+
+
+def test_a_cut_image_run_is_refused(model):
+    ids = prompt(3, [5, 4])[:-6]  # ends inside the image's placeholders
+    with pytest.raises(HostModelInputError, match="chunk end cuts an image"):
+        mrope_positions(torch.tensor(ids), [GRIDS[0]], model.decoder.config)
+
+
+def test_registered_for_the_host_backend_and_takes_vllms_processor():
+    assert HOST_MODELS["TTQwen2_5_VLForConditionalGeneration"].endswith(":HostQwen2_5_VLForConditionalGeneration")
+    caps = check_model_class(HostQwen2_5_VLForConditionalGeneration, owner="test")
+    assert caps.supports_prefix_caching and not caps.supports_async_decode
+    assert HostQwen2_5_VLForConditionalGeneration.supports_multimodal is True
+    assert HostQwen2_5_VLForConditionalGeneration.get_placeholder_str("image", 1) == (
+        "<|vision_start|><|image_pad|><|vision_end|>"
+    )
+
+
+# ---- whole model -----------------------------------------------------------------------------
+class Runner:
+    """The TT runner reduced to one request per slot."""
+
+    def __init__(self, model) -> None:
+        cfg = model.config
+        self.model = model
+        self.kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, 2)
+        self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
+
+    def prefill(self, rows: list[tuple[int, list[int], int, int, list[int | None]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slot, ids, start, end, image seeds)`` per row (a None seed: an image inside the
+        prefix-cache hit, its grid sent without pixels); returns (logits [B, V], deltas)."""
+        tokens = torch.zeros(len(rows), max(len(r[1]) for r in rows), dtype=torch.int32)
+        for i, (_, ids, *_) in enumerate(rows):
+            tokens[i, : len(ids)] = torch.tensor(ids)
+        pixels = [[None if s is None else pixels_u8(s, GRIDS[k]) for k, s in enumerate(seeds)] or None
+                  for *_, seeds in rows]
+        grids = [[torch.tensor(GRIDS[k]) for k in range(len(seeds))] or None for *_, seeds in rows]
+        sent = any(p is not None for row in pixels for p in row or [])
+        images = {"pixel_values": pixels} if sent else {}  # as the runner: no key no image of the call has
+        out, deltas = self.model.prefill_forward(
+            tokens=tokens, page_table=self.table[[r[0] for r in rows]], kv_cache=self.kv,
+            prompt_lens=[r[3] for r in rows], start_pos=[r[2] for r in rows], empty_slots=[r[0] for r in rows],
+            image_grid_thw=grids, **images,
+        )
+        return out[:, -1], deltas
+
+    def decode(self, tokens: dict[int, tuple[int, int]], deltas: list[int]) -> torch.Tensor:
+        rows = self.model.max_batch_size
+        ids = torch.zeros(rows, 1, dtype=torch.int32)
+        start = torch.full((rows,), -1, dtype=torch.int32)
+        for slot, (token, pos) in tokens.items():
+            ids[slot, 0], start[slot] = token, pos
+        return self.model.decode_forward(tokens=ids, start_pos=start, page_table=self.table, kv_cache=self.kv,
+                                         rope_deltas_all_users=deltas)[:, -1]
+
+
+def hf_logits(hf, ids: list[int], seeds: list[int]) -> torch.Tensor:
+    input_ids = torch.tensor([ids])
+    kwargs = {}
+    if seeds:
+        kwargs = {"pixel_values": torch.cat([normalised(pixels_u8(s, GRIDS[k])) for k, s in enumerate(seeds)]),
+                  "image_grid_thw": torch.tensor(GRIDS[: len(seeds)])}
+    with torch.no_grad():
+        return hf(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), **kwargs).logits[0]
+
+
+def test_prefill_and_decode_logits_equal_transformers_with_0_1_and_2_images(hf, model):
+    runner = Runner(model)
+    text, one, two = prompt(4, [9]), prompt(5, [4, 6]), prompt(6, [3, 5, 4])
+    logits, deltas = runner.prefill([(0, text, 0, len(text), []), (1, one, 0, len(one), [7]),
+                                     (2, two, 0, len(two), [8, 9])])
+    refs = [hf_logits(hf, text, []), hf_logits(hf, one, [7]), hf_logits(hf, two, [8, 9])]
+    for ours, ref in zip(logits, refs, strict=True):
+        assert torch.allclose(ours, ref[-1], atol=1e-4), (ours - ref[-1]).abs().max()
+    assert deltas.tolist()[0] == 0 and deltas.tolist()[1] == 4 - 16 and deltas.tolist()[2] == (4 - 16) + (3 - 6)
+    # One decode step per row: HF sees the token appended (its own rope_deltas path).
+    nxt = [int(r[-1].argmax()) for r in refs]
+    step = runner.decode({0: (nxt[0], len(text)), 1: (nxt[1], len(one)), 2: (nxt[2], len(two))}, deltas.tolist() + [0])
+    for slot, (ids, seeds) in enumerate([(text, []), (one, [7]), (two, [8, 9])]):
+        expected = hf_logits(hf, ids + [nxt[slot]], seeds)[-1]
+        assert torch.allclose(step[slot], expected, atol=1e-4), (slot, (step[slot] - expected).abs().max())
+
+
+def test_chunked_prefill_continues_after_an_image_with_its_positions(hf, model):
+    runner = Runner(model)
+    ids = prompt(6, [3, 5, 4])
+    cut = 3 + 1 + 16 + 1 + 2  # after the first image, inside the text before the second
+    first, _ = runner.prefill([(3, ids[:cut], 0, cut, [8, 9])])
+    last, deltas = runner.prefill([(3, ids, cut, len(ids), [8, 9])])
+    ref = hf_logits(hf, ids, [8, 9])
+    assert torch.allclose(first[0], ref[cut - 1], atol=1e-4)
+    assert torch.allclose(last[0], ref[-1], atol=1e-4), (last[0] - ref[-1]).abs().max()
+    assert deltas.tolist() == [(4 - 16) + (3 - 6)]
+
+
+def test_prefix_hit_past_images_sent_without_pixels(hf, model):
+    """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
+    the tokens after it still take their mRoPE positions from its grid, the later image runs its
+    tower, and the logits and delta equal HF's; without any pixels in the call (both images
+    cached) the same holds. An image the pass computes without pixels is refused."""
+    runner = Runner(model)
+    ids = prompt(6, [3, 5, 4])
+    ref, delta = hf_logits(hf, ids, [8, 9])[-1], (4 - 16) + (3 - 6)
+    runner.prefill([(3, ids, 0, len(ids), [8, 9])])
+    past_first = 3 + 1 + 16 + 1 + 2  # inside the text between the images
+    past_both = len(ids) - 2
+    for start, seeds in ((past_first, [None, 9]), (past_both, [None, None])):
+        got, deltas = runner.prefill([(3, ids, start, len(ids), seeds)])
+        assert torch.allclose(got[0], ref, atol=1e-4), (start, (got[0] - ref).abs().max())
+        assert deltas.tolist() == [delta]
+    with pytest.raises(HostModelInputError, match=r"row 0: image placeholder runs \[1\] are computed from position 23"):
+        runner.prefill([(3, ids, past_first, len(ids), [8, None])])
+
+
+def test_different_images_change_the_logits(model):
+    runner = Runner(model)
+    ids = prompt(5, [4, 6])
+    a, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
+    b, _ = runner.prefill([(1, ids, 0, len(ids), [70])])
+    assert (a - b).abs().max() > 1e-2

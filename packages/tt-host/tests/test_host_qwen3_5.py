@@ -1,0 +1,208 @@
+"""The host Qwen 3.5 text model against transformers' ``Qwen3_5ForCausalLM``, driven through the
+TT contract the way the runner drives it over vLLM's hybrid KV plan: paged K/V for the
+attention layer (a shuffled block pool), one state block per request for each delta-net layer
+(entry 0 of that group's table row), every unused block and state filled with noise, prompts
+in prefill chunks (some shorter than the convolution window), paged decode. Then the KV spec
+the worker hands vLLM, read back through vLLM's own planning and the runner's layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from vllm_tt_host.device import HostMeshDevice
+from vllm_tt_host.models import HOST_MODELS, gated_delta
+from vllm_tt_host.models.gated_delta import RecurrentState
+from vllm_tt_host.models.qwen3_5 import HostQwen3_5ForCausalLM
+from vllm_tt_host.models.qwen3_5_config import Qwen3_5Config
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.checkpoints import cached_tiny
+from vllm_tt_testing.contract_driver import RECURRENT, ContractDriver
+from vllm_tt_testing.parity import assert_matches_hf, prompts
+
+BLOCK = 16
+NUM_BLOCKS = 40
+WIDTH = 10
+"""Page-table width (blocks per row): 160 positions."""
+TRAIN_STEPS = 100
+"""Shared with tests/e2e/test_qwen3_5_serve.py (same recipe, one build per session)."""
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> Path:
+    return cached_tiny("qwen3_5", TRAIN_STEPS)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen(qwen_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(qwen_dir, dtype=torch.float32).eval()
+
+
+def build(folder: Path, batch: int = 2) -> HostQwen3_5ForCausalLM:
+    model = HostQwen3_5ForCausalLM.initialize_vllm_model(
+        AutoConfig.from_pretrained(folder), HostMeshDevice(MeshShape(1, 1)), batch, WIDTH * BLOCK
+    )
+    assert isinstance(model, HostQwen3_5ForCausalLM)
+    return model
+
+
+def drive(model: HostQwen3_5ForCausalLM, seed: int) -> ContractDriver:
+    """The contract driver over vLLM's plan reduced to one lane: a full-attention group (one
+    block per ``BLOCK`` tokens) and a recurrent group (one state block per request), from one
+    shuffled pool; every block and state starts as noise."""
+    cfg = model.config
+    assert isinstance(cfg, Qwen3_5Config)
+    states = ((NUM_BLOCKS, *cfg.delta.conv_state_shape), (NUM_BLOCKS, *cfg.delta.recurrent_state_shape))
+    attention = (NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim)
+    kv = model.allocate_kv_cache_per_layer([
+        (states, (torch.float32, torch.float32), 0) if cfg.linear(i) else (attention, torch.float32, 0)
+        for i in range(cfg.num_layers)
+    ])
+    kinds = [RECURRENT if cfg.linear(i) else None for i in range(cfg.num_layers)]
+    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise")
+    driver.spoil(0)
+    return driver
+
+
+def _trained_text(folder: Path, length: int) -> list[int]:
+    from vllm_tt_host.tiny import corpus_text
+
+    return AutoTokenizer.from_pretrained(folder)(corpus_text()[:800])["input_ids"][:length]
+
+
+def test_chunked_prefill_and_decode_match_generate(qwen_dir, hf_qwen):
+    """Chunks end inside and across blocks, one is shorter than the convolution window (2 < 3
+    states): each continues the state the last one left in the request's block."""
+    runner = drive(build(qwen_dir), 1)
+    runner.add(0, _trained_text(qwen_dir, 90))  # the trained region: real greedy margins
+    runner.add(1, prompts(1, 20)[0])
+    runner.prefill([(0, 27), (1, 20)])
+    runner.prefill([(0, 29)])
+    runner.prefill([(0, 61)])
+    runner.prefill([(0, 90)])
+    runner.decode(14)
+    worst = max(assert_matches_hf(hf_qwen, runner.seqs[slot]) for slot in (0, 1))
+    assert worst < 1e-4
+    assert runner.null_block_untouched()
+
+
+def test_prefill_logits_at_every_position(qwen_dir, hf_qwen):
+    runner = drive(build(qwen_dir), 2)
+    prompt = prompts(3, 70)[0]
+    runner.add(0, prompt)
+    head = runner.prefill([(0, 33)], return_all_logits=True)
+    tail = runner.prefill([(0, 70)], return_all_logits=True)
+    with torch.no_grad():
+        theirs = hf_qwen(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(torch.cat((head[0], tail[0])), theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_a_chunk_that_ignores_the_carried_state_goes_wrong(qwen_dir, hf_qwen, monkeypatch):
+    """The chunk tests would pass with a state reset per chunk only if the state did not matter:
+    right after the boundary, logits move by up to 4.5 (parity: 7e-6)."""
+    true_read = RecurrentState.read
+    monkeypatch.setattr(RecurrentState, "read", lambda self, blocks, fresh: true_read(self, blocks, fresh | True))
+    runner = drive(build(qwen_dir), 3)
+    prompt = prompts(4, 80)[0]
+    runner.add(0, prompt)
+    runner.prefill([(0, 40)])
+    out = runner.prefill([(0, 80)], return_all_logits=True)
+    with torch.no_grad():
+        theirs = hf_qwen(torch.tensor([prompt])).logits[0, 40:44]
+    assert (out[0, :4] - theirs).abs().max() > 1.0
+
+
+def test_gated_delta_rule_chunks_compose():
+    """Two calls over a split sequence give one call's outputs and state (the chunk contract)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = (gated_delta.l2_normalize(torch.randn(2, 9, 3, 8, generator=gen)) for _ in range(2))
+    v = torch.randn(2, 9, 3, 5, generator=gen)
+    decay, beta = -torch.rand(2, 9, 3, generator=gen), torch.rand(2, 9, 3, generator=gen)
+    state = torch.randn(2, 3, 8, 5, generator=gen)
+    whole, last = gated_delta.gated_delta_rule(q, k, v, decay, beta, state)
+    first, mid = gated_delta.gated_delta_rule(q[:, :4], k[:, :4], v[:, :4], decay[:, :4], beta[:, :4], state)
+    second, end = gated_delta.gated_delta_rule(q[:, 4:], k[:, 4:], v[:, 4:], decay[:, 4:], beta[:, 4:], mid)
+    torch.testing.assert_close(torch.cat((first, second), 1), whole)
+    torch.testing.assert_close(end, last)
+    x, weight = torch.randn(1, 7, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    window = torch.randn(1, 6, 3, generator=gen)
+    out, after = gated_delta.causal_conv(x, window, weight)
+    a, w1 = gated_delta.causal_conv(x[:, :2], window, weight)  # shorter than the window
+    b, w2 = gated_delta.causal_conv(x[:, 2:], w1, weight)
+    torch.testing.assert_close(torch.cat((a, b), 1), out)
+    torch.testing.assert_close(w2, after)
+
+
+def test_config_reading_and_refusals(qwen_dir):
+    config = Qwen3_5Config.from_qwen3_5(AutoConfig.from_pretrained(qwen_dir))
+    assert config.layer_kinds == ("linear_attention",) * 3 + ("full_attention",)
+    assert (config.rotary_dim, config.delta.conv_dim) == (8, 2 * 2 * 32 + 4 * 32)
+    for bad, error, match in (
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}}, TTUnsupportedFeatureError,
+         "rope_type"),
+        ({"linear_num_value_heads": 3}, TTConfigError, "linear_num_value_heads"),
+        ({"layer_types": ["linear_attention", "sliding_attention"] * 2}, TTConfigError, "layer_types"),
+        ({"hidden_act": "gelu"}, TTUnsupportedFeatureError, "hidden_act"),
+    ):
+        changed = AutoConfig.from_pretrained(qwen_dir)
+        for key, value in bad.items():
+            setattr(changed, key, value)
+        with pytest.raises(error, match=match):
+            Qwen3_5Config.from_qwen3_5(changed)
+
+
+def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):
+    """The worker's spec: a ``MambaSpec`` (one block per request) per delta-net layer and a
+    ``FullAttentionSpec`` for the attention layer; vLLM plans one group per layer (equal page
+    sizes: the state page is padded to the attention page), and the runner's layout gives the
+    model state shapes it allocates."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+    from vllm_tt_platform.runner.kv_budget import KVBudget
+    from vllm_tt_platform.runner.kv_layout import KVLayout
+    from vllm_tt_testing.kv_planning import plan_kv_cache, spec_view
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
+
+    vllm_config = build_vllm_config(SimConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=160,
+                                              block_size=BLOCK))
+    config = AutoConfig.from_pretrained(qwen_dir)
+    spec = HostQwen3_5ForCausalLM.get_kv_cache_spec(spec_view(config, torch.float32, BLOCK, max_model_len=160))
+    assert [type(s) for s in spec.values()] == [MambaSpec] * 3 + [FullAttentionSpec]
+    state = spec["model.layers.0.self_attn"]
+    assert isinstance(state, MambaSpec) and state.block_size == 160 and state.mamba_cache_mode == "none"
+    assert state.shapes == ((256, 3), (4, 32, 32))
+    plan = plan_kv_cache(vllm_config, spec, 30)
+    layout = KVLayout.of(plan, 4, lambda heads: heads)
+    assert sorted(g.kind for g in layout.groups) == ["full", "recurrent", "recurrent", "recurrent"]
+    budget = KVBudget.plan(vllm_config, spec, 160 * 2, 2)
+    assert sorted((g.kind, g.blocks) for g in budget.groups) == [
+        ("full", 22), ("recurrent", 2), ("recurrent", 2), ("recurrent", 2)]
+    model = build(qwen_dir)
+    kv = model.allocate_kv_cache_per_layer(layout.per_layer_specs())
+    assert [type(layer) for layer in kv[0]] == [RecurrentState] * 3 + [list]
+    assert kv[0][0].conv.shape == (30, 256, 3) and kv[0][3][0].shape == (30, 2, BLOCK, 32)
+
+
+def test_registered_for_the_host_backend():
+    assert HOST_MODELS["TTQwen3_5ForCausalLM"].endswith("qwen3_5:HostQwen3_5ForCausalLM")
+    caps = HostQwen3_5ForCausalLM.model_capabilities
+    assert caps["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
+    assert not caps["supports_prefix_caching"] and not caps["supports_verify_decode"]
+
+
+def test_an_explicit_prefix_caching_request_is_refused():
+    """vLLM caches recurrent state only in its align mode, which the runner does not implement:
+    ``--enable-prefix-caching`` on the command line is a startup error (vLLM's default is
+    switched off with one info line, as the end-to-end test checks)."""
+    from vllm_tt_models_registry.capabilities import ModelCapabilities
+    from vllm_tt_platform.config.options import TTConfig
+    from vllm_tt_platform.config.startup_checks import check_capabilities
+
+    caps = ModelCapabilities.of(HostQwen3_5ForCausalLM)
+    with pytest.raises(TTUnsupportedFeatureError, match="--enable-prefix-caching"):
+        check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+                           prefix_caching_requested=True)
+    check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+                       prefix_caching_requested=False)

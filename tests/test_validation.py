@@ -1,0 +1,238 @@
+"""Bad configurations reach the user as typed TT errors naming the setting, before any device
+is opened or weights are loaded (building vLLM's config is all these tests do)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+
+HOST = {"tt": {"mesh_backend": "host"}}
+
+
+def _host(**tt):
+    return {"tt": {"mesh_backend": "host", **tt}}
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_checkpoint) -> Path:
+    return tiny_checkpoint("llama")
+
+
+@pytest.fixture
+def no_device_sampling_bundle(tmp_path, monkeypatch) -> None:
+    """A bundle serving Llama checkpoints with a model that cannot sample on device."""
+    bundle = tmp_path / "bundles" / "plain_llama"
+    bundle.mkdir(parents=True)
+    (bundle / "vllm_metadata.json").write_text(
+        json.dumps({"arch": "LlamaForCausalLM", "main_class": "plain_llama_adapter:PlainLlama"})
+    )
+    (bundle / "plain_llama_adapter.py").write_text(
+        textwrap.dedent("""
+        from vllm_tt_host.models.families import HostLlamaForCausalLM
+
+        class PlainLlama(HostLlamaForCausalLM):
+            model_capabilities = {"supports_prefix_caching": True}
+    """)
+    )
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(tmp_path / "bundles"))
+
+
+CASES = [
+    # (id, engine args, env, error type, setting named in the message)
+    ("tp", {"tensor_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--tensor-parallel-size"),
+    ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
+    ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
+    ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
+    ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
+     TTUnsupportedFeatureError, "--kv-transfer-config"),
+    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
+    ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
+    (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
+        "spec-method",
+        {"speculative_config": {"method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
+        {},
+        TTUnsupportedFeatureError,
+        "--speculative-config method",
+    ),
+    ("pooling", {"runner": "pooling"}, {}, TTUnsupportedFeatureError, "--runner"),
+    (
+        "prompt-embeds",
+        {"enable_prompt_embeds": True},
+        {},
+        TTUnsupportedFeatureError,
+        "--enable-prompt-embeds",
+    ),
+    ("block-size", {"block_size": 16}, {}, TTConfigError, "--block-size"),
+    (
+        "v2-runner",
+        {},
+        {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        TTUnsupportedFeatureError,
+        "VLLM_USE_V2_MODEL_RUNNER",
+    ),
+    ("target-device", {}, {"VLLM_TARGET_DEVICE": "cuda"}, TTConfigError, "VLLM_TARGET_DEVICE"),
+    ("mesh-device", {}, {"MESH_DEVICE": "N999"}, TTConfigError, "MESH_DEVICE"),
+    ("mesh-shape", {}, {"MESH_DEVICE": "(0,4)"}, TTConfigError, "MESH_DEVICE"),
+    ("backend-env", {"additional_config": {}}, {"TT_MESH_BACKEND": "gpu"}, TTConfigError, "TT_MESH_BACKEND"),
+    (
+        "unknown-key",
+        {"additional_config": _host(trace_mod="all")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.trace_mod",
+    ),
+    ("tt-not-object", {"additional_config": {"tt": "host"}}, {}, TTConfigError, "--additional-config.tt"),
+    (
+        "sampling-mode",
+        {"additional_config": _host(sample_on_device_mode="sometimes")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.sample_on_device_mode",
+    ),
+    (
+        "compat-type",
+        {"additional_config": _host(always_compat_sampling="yes please")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.always_compat_sampling",
+    ),
+    (
+        "trace-mode",
+        {"additional_config": _host(trace_mode="prefill_only")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.trace_mode",
+    ),
+    (
+        "trace-no-warmup",
+        {"additional_config": _host(enable_model_warmup=False)},
+        {},
+        TTConfigError,
+        "--additional-config.tt.enable_model_warmup",
+    ),
+    (
+        "trace-region",
+        {"additional_config": _host(trace_region_size=-5)},
+        {},
+        TTConfigError,
+        "--additional-config.tt.trace_region_size",
+    ),
+    (
+        "fabric",
+        {"additional_config": _host(fabric_config="FABRIC_9D")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.fabric_config",
+    ),
+    (
+        "dispatch-axis",
+        {"additional_config": _host(dispatch_core_axis="z")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.dispatch_core_axis",
+    ),
+    (
+        "optimizations",
+        {"additional_config": _host(optimizations="fast")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.optimizations",
+    ),
+    (
+        "prefill-burst",
+        {"additional_config": _host(prefill_burst=0)},
+        {},
+        TTConfigError,
+        "--additional-config.tt.prefill_burst",
+    ),
+    (
+        "l1-small",
+        {"additional_config": _host(l1_small_size="lots")},
+        {},
+        TTConfigError,
+        "--additional-config.tt.l1_small_size",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "error", "setting"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_configuration(llama, monkeypatch, args, env, error, setting):
+    from vllm.engine.arg_utils import EngineArgs
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    kwargs = {"additional_config": HOST, **args}
+    with pytest.raises(error) as info:
+        EngineArgs(model=str(llama), max_model_len=256, **kwargs).create_engine_config()
+    assert setting in str(info.value)
+    assert "Fix:" in str(info.value)
+
+
+def test_device_sampling_needs_the_model_capability(llama, no_device_sampling_bundle):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=str(llama), max_model_len=256, additional_config=_host(sample_on_device_mode="all")
+    )
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        args.create_engine_config()
+    assert "--additional-config.tt.sample_on_device_mode" in str(info.value)
+    assert "supports_sample_on_device" in str(info.value)
+
+
+def test_good_configuration_is_rewritten_for_tt(llama):
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST).create_engine_config()
+    assert config.model_config.hf_config.architectures == ["TTLlamaForCausalLM"]
+    assert config.parallel_config.worker_cls == "vllm_tt_platform.worker.TTWorker"
+    # The host models declare supports_async_decode: vLLM's default (async on) is kept.
+    assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTAsyncScheduler"
+    assert config.cache_config.block_size == 64
+    assert config.scheduler_config.async_scheduling is True
+
+
+def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, monkeypatch):
+    """With TT_MESH_BACKEND unset the registry plugin registered tt-metal's target; the config's
+    choice (host) is what vLLM's model registry serves once the config is built."""
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_models_registry.registry import load_registry
+
+    monkeypatch.delenv("TT_MESH_BACKEND", raising=False)
+    builtin = load_registry("ttnn").resolve("TTLlamaForCausalLM").target
+    vllm.ModelRegistry.register_model("TTLlamaForCausalLM", builtin)
+    EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST).create_engine_config()
+    entry = vllm.ModelRegistry.models["TTLlamaForCausalLM"]
+    host = load_registry("host").resolve("TTLlamaForCausalLM").target
+    assert f"{entry.module_name}:{entry.class_name}" == host != builtin
+
+
+def test_sleep_beyond_pausing_is_refused_with_the_fix():
+    """``POST /sleep?level=1`` (dev mode) reaches the worker: a typed error, not a missing method."""
+    from vllm_tt_platform.worker import TTWorker
+
+    worker = object.__new__(TTWorker)
+    with pytest.raises(TTUnsupportedFeatureError, match="level=0") as info:
+        worker.sleep(level=1)
+    assert "Fix:" in str(info.value)
+    with pytest.raises(TTUnsupportedFeatureError, match="scheduling"):
+        worker.wake_up(tags=["weights"])
+
+
+def test_ray_executor_is_refused_where_ray_is_installed(llama):
+    """vLLM itself refuses ``--distributed-executor-backend ray`` without Ray installed (as here);
+    with Ray installed the platform's check names the flag and the multi-host alternative."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config.startup_checks import check_vllm_features
+
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=_host()).create_engine_config()
+    object.__setattr__(config.parallel_config, "distributed_executor_backend", "ray")
+    with pytest.raises(TTUnsupportedFeatureError, match="--distributed-executor-backend.*docs/multi-host.md"):
+        check_vllm_features(config)
