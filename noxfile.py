@@ -67,6 +67,15 @@ def unit(session: nox.Session) -> None:
     session.run("pytest", *WORKERS, "-m", "not e2e", *session.posargs, env=TEST_ENV)
 
 
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The inner loop: the tests that start no engine, then one served engine (the README's
+    `vllm serve`, tests/e2e/test_serve.py). The whole suite stays what CI runs."""
+    _install(session, NEWEST)
+    session.run("pytest", *WORKERS, "-m", "not e2e", *session.posargs, env=TEST_ENV)
+    session.run("pytest", "tests/e2e/test_serve.py", *session.posargs, env=TEST_ENV)
+
+
 @nox.session(name="platform-alone")
 def platform_alone(session: nox.Session) -> None:
     """The four product distributions without vllm-tt-host, in an environment of their own: the
