@@ -292,10 +292,27 @@ def test_models_dir_pointing_at_a_bundle_says_to_use_the_parent(make_bundle) -> 
     assert f"EXTRA_MODELS_DIR={folder.parent}" in info.value.fix
 
 
+def test_every_metadata_problem_is_reported_with_its_field(make_bundle) -> None:
+    folder = make_bundle("all", metadata={"archs": "x", "main_class": "no colon", "capabilities": {"max_device_top_k": -1}})
+    with pytest.raises(BundleError) as info:
+        load_bundle(folder)
+    assert [p.field for p in info.value.problems] == [
+        "vllm_metadata.json",
+        "vllm_metadata.json field 'arch'",
+        "vllm_metadata.json field 'main_class'",
+        "vllm_metadata.json field 'capabilities'",
+    ]
+    assert info.value.field == "vllm_metadata.json"
+    message = str(info.value)
+    assert message.startswith(f"model bundle {folder.resolve()}: 4 problems:\n  - vllm_metadata.json: unknown")
+    assert all(f"\n  - {p}" in message for p in info.value.problems)
+
+
 def test_models_dir_that_is_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="is not a directory") as info:
         load_bundles(tmp_path / "missing")
-    assert info.value.field == "EXTRA_MODELS_DIR"
+    assert info.value.field == "environment variable EXTRA_MODELS_DIR"
+    assert info.value.fix == "point EXTRA_MODELS_DIR at a folder of bundles, or unset it"
 
 
 def test_capabilities_default_when_nothing_declared(make_bundle, adapter_source) -> None:

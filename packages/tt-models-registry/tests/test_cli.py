@@ -37,9 +37,23 @@ def test_list_shows_every_arch_source_target_and_capabilities() -> None:
     assert "\nTTQwen3_5ForConditionalGeneration\n  source:       builtin\n" in out
     assert "  target:       models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM\n" in out
     assert (
-        "class not importable here (ModuleNotFoundError: No module named 'models'); declared: "
-        "kv_cache_kinds=['full_attention', 'sliding_window'], single_program_lanes" in out
+        "  capabilities: declared: kv_cache_kinds=['full_attention', 'sliding_window'], "
+        "single_program_lanes (class not importable here)\n" in out
     )
+
+
+def test_list_names_its_backend_and_says_once_that_tt_metal_is_missing() -> None:
+    out = run("list").stdout
+    assert (
+        "  (mesh backend 'ttnn' from the default: neither --backend nor TT_MESH_BACKEND is set; "
+        "other backends here: vllm-tt-models list --backend host)\n" in out
+    )
+    assert out.count("No module named 'models'") == 1
+    assert "note: 17 model classes are not importable here (ModuleNotFoundError: No module named 'models')" in out
+    assert "tt-metal's models package is not installed" in out
+    assert "(mesh backend 'ttnn' from argument --backend;" in run("list", "--backend", "ttnn").stdout
+    from_env = run("list", TT_MESH_BACKEND="ttnn").stdout
+    assert "(mesh backend 'ttnn' from environment variable TT_MESH_BACKEND;" in from_env
 
 
 def test_list_json_with_a_bundle(make_bundle) -> None:
@@ -99,6 +113,16 @@ def test_list_with_an_unknown_backend_fails() -> None:
     assert "needs a model source named 'nosuch'" in result.stderr
 
 
+def test_an_unknown_backend_is_blamed_on_the_input_that_gave_it() -> None:
+    typed = run("list", "--backend", "nosuch").stderr
+    assert typed.startswith("error: argument --backend 'nosuch': ")
+    assert "Fix: use one of --backend ttnn, --backend host," in typed
+    assert "TT_MESH_BACKEND" not in typed
+    exported = run("list", TT_MESH_BACKEND="nosuch").stderr
+    assert exported.startswith("error: environment variable TT_MESH_BACKEND='nosuch': ")
+    assert "Fix: use one of TT_MESH_BACKEND=ttnn, TT_MESH_BACKEND=host," in exported
+
+
 def test_list_with_a_bad_variant_fails() -> None:
     result = run("list", TT_QWEN3_TEXT_VER="qwen3_galaxy")
     assert result.returncode == 1
@@ -135,6 +159,29 @@ def test_check_broken_bundle_prints_the_startup_message(make_bundle, metadata) -
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.strip() == f"error: {info.value}"
+
+
+def test_check_a_missing_folder_blames_the_argument(tmp_path: Path) -> None:
+    result = run("check", str(tmp_path / "nope"))
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"error: model bundle {tmp_path / 'nope'}: argument DIR: is not a directory (it does not exist)."
+    )
+    assert "EXTRA_MODELS_DIR" not in result.stderr
+
+
+def test_check_reports_every_problem_of_a_bundle_at_once(make_bundle) -> None:
+    folder = make_bundle("many", metadata={"main_clas": "many_adapter:FooModel"})
+    result = run("check", str(folder))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"error: model bundle {folder.resolve()}: 3 problems:"
+    assert lines[1].startswith(
+        "  - vllm_metadata.json: unknown field(s) 'main_clas'. Fix: rename 'main_clas' to 'main_class';"
+    )
+    assert lines[2].startswith("  - vllm_metadata.json field 'arch': missing (it is required). Fix: ")
+    assert lines[3].startswith("  - vllm_metadata.json field 'main_class': missing (it is required). Fix: ")
+    assert len(lines) == 4
 
 
 def test_check_empty_folder_fails(tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_models_registry.errors import BundleError, ContractError
 from vllm_tt_models_registry.metadata import METADATA_FILE, BundleMetadata
 from vllm_tt_models_registry.names import split_target, tt_arch_name
+from vllm_tt_models_registry.settings import ENVIRONMENT, Setting, environment
 
 DISTRIBUTION = "vllm-tt-models-registry"
 """Whose version ``min_plugin_version`` is compared with (it interprets bundles)."""
+MODELS_DIR_SETTING = environment("EXTRA_MODELS_DIR")
 
 
 @dataclass(frozen=True)
@@ -49,22 +51,26 @@ class Bundle:
         return f"bundle:{self.folder}"
 
 
-def find_bundle_folders(models_dir: Path) -> list[Path]:
-    """Subfolders of ``models_dir`` holding ``vllm_metadata.json``, sorted by name."""
+def find_bundle_folders(models_dir: Path, setting: Setting = MODELS_DIR_SETTING) -> list[Path]:
+    """Subfolders of ``models_dir`` holding ``vllm_metadata.json``, sorted by name.
+
+    ``setting`` is where ``models_dir`` came from (the variable, or a CLI argument), for errors.
+    """
     if (models_dir / METADATA_FILE).is_file():
         raise BundleError(
             models_dir,
-            "EXTRA_MODELS_DIR",
+            str(setting),
             "points at a bundle itself, not at the folder holding bundles",
-            f"set EXTRA_MODELS_DIR={models_dir.parent}",
+            f"set {setting.spelled(models_dir.parent)}",
         )
     if not models_dir.is_dir():
-        raise BundleError(
-            models_dir,
-            "EXTRA_MODELS_DIR",
-            "is not a directory",
-            "point EXTRA_MODELS_DIR at a folder of bundles, or unset it",
+        problem = "is not a directory" if models_dir.exists() else "is not a directory (it does not exist)"
+        fix = (
+            f"point {setting.name} at a folder of bundles, or unset it"
+            if setting.kind == ENVIRONMENT
+            else f"pass a folder holding {METADATA_FILE}, or a folder of such bundle folders"
         )
+        raise BundleError(models_dir, str(setting), problem, fix)
     return sorted(
         entry
         for entry in models_dir.iterdir()
@@ -72,11 +78,11 @@ def find_bundle_folders(models_dir: Path) -> list[Path]:
     )
 
 
-def load_bundles(models_dir: Path) -> list[Bundle]:
+def load_bundles(models_dir: Path, setting: Setting = MODELS_DIR_SETTING) -> list[Bundle]:
     """Load every bundle under ``models_dir``; two bundles may not serve the same arch."""
     bundles: list[Bundle] = []
     by_arch: dict[str, Bundle] = {}
-    for folder in find_bundle_folders(models_dir):
+    for folder in find_bundle_folders(models_dir, setting):
         bundle = load_bundle(folder)
         earlier = by_arch.get(bundle.arch)
         if earlier is not None:

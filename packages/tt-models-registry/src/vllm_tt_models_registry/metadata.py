@@ -6,6 +6,7 @@ validation errors are turned into messages naming the bundle folder, the field a
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_tt_models_registry.capabilities import ModelCapabilities
-from vllm_tt_models_registry.errors import BundleError
+from vllm_tt_models_registry.errors import BundleError, Problem
 from vllm_tt_models_registry.names import ARCH_PATTERN, TARGET_PATTERN, target_hint
 
 METADATA_FILE = "vllm_metadata.json"
@@ -94,13 +95,9 @@ class BundleMetadata:
 
 
 def _validate(raw: Any, folder: Path) -> None:
+    """Raise one :class:`BundleError` naming every problem of the metadata, not just the first."""
     import jsonschema  # only bundles need it; keeps plugin start cheap without them
 
-    validator = jsonschema.Draft202012Validator(METADATA_SCHEMA)
-    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.path), list(e.path)))
-    if not errors:
-        return
-    error = errors[0]
     if not isinstance(raw, dict):
         raise BundleError(
             folder,
@@ -108,29 +105,51 @@ def _validate(raw: Any, folder: Path) -> None:
             f"must hold a JSON object, got {type(raw).__name__}",
             'write {"arch": "...", "main_class": "module:Class"}',
         )
+    validator = jsonschema.Draft202012Validator(METADATA_SCHEMA)
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.path), list(e.path)))
+    problems = [_problem(error, raw) for error in errors]
+    if problems:
+        raise BundleError.of(folder, sorted(problems, key=_field_order))
+
+
+def _problem(error: Any, raw: dict[str, Any]) -> Problem:
     if error.validator == "required":
-        missing = [name for name in METADATA_SCHEMA["required"] if name not in raw][0]
-        raise BundleError(folder, _where(missing), "missing (it is required)", _FIELDS[missing][1])
+        missing = next(name for name in METADATA_SCHEMA["required"] if f"{name!r}" in error.message)
+        return Problem(_where(missing), "missing (it is required)", _FIELDS[missing][1])
     top = str(error.path[0]) if error.path else ""
     if error.validator == "additionalProperties" and not error.path:
         unknown = sorted(set(raw) - set(_FIELDS))
-        raise BundleError(
-            folder,
+        return Problem(
             METADATA_FILE,
             f"unknown field(s) {', '.join(map(repr, unknown))}",
-            f"remove them or fix their spelling; allowed fields: {', '.join(_FIELDS)}",
+            f"{_did_you_mean(unknown)}remove them or fix their spelling; allowed fields: "
+            f"{', '.join(_FIELDS)}",
         )
     if top == "capabilities":
-        raise BundleError(folder, _where(top), _capability_problem(error), _FIELDS[top][1])
+        return Problem(_where(top), _capability_problem(error), _FIELDS[top][1])
     value = raw.get(top)
     if top == "main_class" and isinstance(value, str):
-        raise BundleError(
-            folder,
+        return Problem(
             _where(top),
             f"{value!r} is not of the form 'module:Class'",
             f'write "main_class": "{target_hint(value)}"',
         )
-    raise BundleError(folder, _where(top), f"{value!r} is not valid ({error.message})", _FIELDS[top][1])
+    return Problem(_where(top), f"{value!r} is not valid ({error.message})", _FIELDS[top][1])
+
+
+def _did_you_mean(unknown: list[str]) -> str:
+    guesses = [
+        f"rename {name!r} to {match[0]!r}"
+        for name in unknown
+        if (match := difflib.get_close_matches(name, _FIELDS, 1))
+    ]
+    return f"{', '.join(guesses)}; otherwise " if guesses else ""
+
+
+def _field_order(problem: Problem) -> int:
+    """Problems in the order of the fields in the schema (the whole file's problems first)."""
+    names = [_where(name) for name in _FIELDS]
+    return names.index(problem.field) + 1 if problem.field in names else 0
 
 
 def _capability_problem(error: Any) -> str:

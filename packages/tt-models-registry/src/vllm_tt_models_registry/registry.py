@@ -22,7 +22,8 @@ from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_models_registry.envs import EXTRA_MODELS_DIR, TT_VLLM_BUILTIN_MODELS
 from vllm_tt_models_registry.errors import BundleError, ContractError, RegistryError
 from vllm_tt_models_registry.names import split_target, tt_arch_name
-from vllm_tt_models_registry.sources import ModelSource, load_source
+from vllm_tt_models_registry.settings import Setting
+from vllm_tt_models_registry.sources import BACKEND_SETTING, ModelSource, load_source
 
 BUILTIN = "builtin"
 BUNDLE_PREFIX = "bundle:"
@@ -174,10 +175,12 @@ def load_registry(
     *,
     environ: Mapping[str, str] | None = None,
     sources: Mapping[str, ModelSource] | None = None,
+    backend_setting: Setting = BACKEND_SETTING,
 ) -> TTModelRegistry:
     """Build the registry for mesh ``backend`` from the environment (``os.environ`` default).
 
-    ``sources`` replaces the entry-point lookup of model sources (for tests and embedding).
+    ``sources`` replaces the entry-point lookup of model sources (for tests and embedding);
+    ``backend_setting`` is the input ``backend`` came from, named by the unknown-backend error.
     Bad variant or flag values raise :class:`RegistryError`; broken bundles :class:`BundleError`.
     """
     env = os.environ if environ is None else environ
@@ -202,7 +205,7 @@ def load_registry(
             )
     if builtins_enabled:
         if backend != TTNN_BACKEND:
-            source = _source(backend, sources)
+            source = _source(backend, sources, backend_setting)
             for arch, target in source.targets.items():
                 add(RegisteredModel(arch, target, source.name))
         for fam in BUILTIN_FAMILIES:
@@ -216,12 +219,12 @@ def load_registry(
     return TTModelRegistry(tuple(models.values()), backend, builtins_enabled, tuple(shadowed))
 
 
-def _source(backend: str, sources: Mapping[str, ModelSource] | None) -> ModelSource:
+def _source(backend: str, sources: Mapping[str, ModelSource] | None, setting: Setting) -> ModelSource:
     if sources is None:
-        return load_source(backend)
+        return load_source(backend, setting=setting)
     if backend in sources:
         return sources[backend]
-    return load_source(backend, eps=())  # raises the "no such model source" error
+    return load_source(backend, eps=(), setting=setting)  # raises the "no such model source" error
 
 
 def _frozen(capabilities: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm_tt_models_registry.errors import RegistryError
 from vllm_tt_models_registry.names import is_target, tt_arch_name
+from vllm_tt_models_registry.settings import Setting, environment
 
 MODEL_SOURCES_GROUP = "vllm_tt.model_sources"
 
@@ -54,15 +55,25 @@ def installed_source_names(eps: Iterable[metadata.EntryPoint] | None = None) -> 
     return tuple(sorted({ep.name for ep in found}))
 
 
-def load_source(name: str, eps: Iterable[metadata.EntryPoint] | None = None) -> ModelSource:
-    """Import the table of the model source called ``name`` (for the mesh backend ``name``)."""
-    matches = [ep for ep in (_entry_points() if eps is None else eps) if ep.name == name]
+BACKEND_SETTING = environment("TT_MESH_BACKEND")
+"""Where a backend name comes from unless the caller says otherwise."""
+
+
+def load_source(
+    name: str, eps: Iterable[metadata.EntryPoint] | None = None, *, setting: Setting = BACKEND_SETTING
+) -> ModelSource:
+    """Import the table of the model source called ``name`` (for the mesh backend ``name``).
+
+    ``setting`` names the input the backend came from, for the error when there is no such source.
+    """
+    found = list(_entry_points() if eps is None else eps)
+    matches = [ep for ep in found if ep.name == name]
     if not matches:
+        choices = ", ".join(setting.spelled(n) for n in ("ttnn", *installed_source_names(found)))
         raise RegistryError(
-            f"TT_MESH_BACKEND={name!r} needs a model source named {name!r} in the entry-point "
-            f"group {MODEL_SOURCES_GROUP}, and no installed package declares one. "
-            f"Fix: install the package providing it (vllm-tt-host provides 'host'), "
-            f"or use TT_MESH_BACKEND=ttnn"
+            f"{setting.given(name)}: that mesh backend needs a model source named {name!r} in "
+            f"the entry-point group {MODEL_SOURCES_GROUP}, and no installed package declares "
+            f"one. Fix: use one of {choices}, or install the package providing {name!r} (vllm-tt-host provides 'host')"
         )
     if len({ep.value for ep in matches}) > 1:
         raise RegistryError(
