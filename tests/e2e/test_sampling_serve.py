@@ -42,6 +42,9 @@ def token_ids(result: dict[str, Any]) -> list[int]:
     return result["choices"][0]["token_ids"]
 
 
+MIXED_TRIES = 5
+
+
 def concurrently(client: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(requests)) as pool:
         return list(pool.map(lambda kw: complete(client, **kw), requests))
@@ -94,17 +97,26 @@ def test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host(de
     assert host_run["seeded"] == alone  # the host path (every batch on the host) agrees
     assert {s["path"] for s in trace_steps(trace, "seeded-alone")} == {"device"}
 
-    mixed = concurrently(client, [
-        with_extra(SEEDED, request_id="seeded-mixed"),
-        GREEDY,
-        {"temperature": 1.0, "extra_body": {"top_k": 5, "ignore_eos": True}},
-        {"temperature": 0.7, "seed": 5, "presence_penalty": 0.5, "frequency_penalty": 0.3,
-         "extra_body": {"top_k": 10, "ignore_eos": True}},
-    ])
-    assert token_ids(mixed[0]) == alone
-    steps = trace_steps(trace, "seeded-mixed")
-    assert {s["path"] for s in steps} == {"device"}
-    assert max(len(s["requests"]) for s in steps) == 4, "the mixed batch was never formed"
+    # Four concurrent clients form one batch only if they arrive together, which a loaded
+    # machine (a parallel suite) does not always give: every try must keep the seeded tokens,
+    # and one of at most MIXED_TRIES must have run the four in one batch.
+    widest = 0
+    for attempt in range(MIXED_TRIES):
+        tag = f"seeded-mixed-{attempt}"
+        mixed = concurrently(client, [
+            with_extra(SEEDED, request_id=tag),
+            GREEDY,
+            {"temperature": 1.0, "extra_body": {"top_k": 5, "ignore_eos": True}},
+            {"temperature": 0.7, "seed": 5, "presence_penalty": 0.5, "frequency_penalty": 0.3,
+             "extra_body": {"top_k": 10, "ignore_eos": True}},
+        ])
+        assert token_ids(mixed[0]) == alone
+        steps = trace_steps(trace, tag)
+        assert {s["path"] for s in steps} == {"device"}
+        widest = max(widest, *(len(s["requests"]) for s in steps))
+        if widest == 4:
+            break
+    assert widest == 4, f"the mixed batch was never formed in {MIXED_TRIES} tries"
 
     fallen = concurrently(client, [
         with_extra(SEEDED, request_id="seeded-fallback"),
