@@ -65,7 +65,7 @@ class SuiteClock:
             entry.tests += 1
             for key, kind in report.user_properties:
                 if key == ENGINE_PROPERTY:
-                    entry.engines[kind] = entry.engines.get(kind, 0) + 1
+                    entry.engines[str(kind)] = entry.engines.get(str(kind), 0) + 1
 
     def table(self) -> list[ModuleTime]:
         return sorted(self.modules.values(), key=lambda m: -m.seconds)
@@ -83,22 +83,23 @@ class SuiteClock:
             f"{spent:.0f} s in tests, {engines} engine starts; slowest: {slowest}"
         )
         if self.out is not None:
-            self.write(rows, wall)
+            self.write(self.out, rows, wall)
             terminalreporter.write_line(f"suite clock: table in {self.out}.json and {self.out}.md")
 
-    def write(self, rows: list[ModuleTime], wall: float) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
+    @staticmethod
+    def write(out: Path, rows: list[ModuleTime], wall: float) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
         data = {"wall_s": round(wall, 1), "modules": [
             {**asdict(m), "seconds": round(m.seconds, 1), "setup": round(m.setup, 1), "engine_starts": m.engine_starts}
             for m in rows]}
-        self.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
         lines = [f"Suite time table: {wall:.0f} s wall, {sum(m.seconds for m in rows):.0f} s in tests "
                  f"(summed over workers), {sum(m.tests for m in rows)} tests.", "",
                  "| module | seconds | of which set-up | tests | engine starts |", "|---|---:|---:|---:|---:|"]
         for m in rows:
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(m.engines.items()))
             lines.append(f"| {m.module} | {m.seconds:.1f} | {m.setup:.1f} | {m.tests} | {kinds or '-'} |")
-        self.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

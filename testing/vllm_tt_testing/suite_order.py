@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadscope":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class SuiteScheduling(LoadScopeScheduling):
         """Units are modules or shared-engine groups, dealt in the workers' (sorted) order."""
