@@ -11,6 +11,7 @@ finds the folder built (every builder is idempotent per recipe and writes its st
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import os
@@ -30,19 +31,25 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-tt" / "test-checkpoints"
 
 
-def _code_key(*parts: object) -> str:
-    """Digest of ``parts`` plus the source of the tiny-model modules (the platform's and the
-    vision-language recipes' shared one) and the corpus, and the torch and transformers
-    versions: what a saved checkpoint depends on."""
+@functools.cache
+def _shared_sources() -> tuple[str, ...]:
+    """What every saved checkpoint depends on besides its own recipe: the source of the
+    tiny-model modules (the host's and the vision-language recipes' shared one), the corpus,
+    and the torch and transformers versions. Read once per process."""
     import torch
     import transformers
     import vllm_tt_host.tiny as tiny
 
     from vllm_tt_testing import tiny_vl
 
+    return (inspect.getsource(tiny), tiny.corpus_text(), inspect.getsource(tiny_vl),
+            torch.__version__, transformers.__version__)
+
+
+def _code_key(*parts: object) -> str:
+    """Digest of ``parts`` and the shared sources."""
     digest = hashlib.sha256()
-    for part in (*parts, inspect.getsource(tiny), tiny.corpus_text(), inspect.getsource(tiny_vl),
-                 torch.__version__, transformers.__version__):
+    for part in (*parts, *_shared_sources()):
         digest.update(str(part).encode())
     return digest.hexdigest()[:12]
 
