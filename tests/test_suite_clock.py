@@ -1,5 +1,5 @@
-"""The suite's clock and its dealing order: a small suite run by pytest itself (pytester), in
-one process and with two xdist workers."""
+"""The suite's clock, its dealing order and the workers' thread shares: a small suite run by
+pytest itself (pytester), in one process and with two xdist workers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from vllm_tt_testing.suite_order import deal_order, unit_of
+from vllm_tt_testing.worker_threads import threads_per_worker
 
 pytest_plugins = ["pytester"]
 
@@ -99,3 +100,40 @@ def test_modules_sharing_an_engine_are_one_unit():
     assert unit_of("tests/e2e/test_a.py::test_x", shared) == unit_of("tests/e2e/test_b.py::test_y[1]", shared)
     assert unit_of("tests/e2e/test_c.py::test_z", shared) == "tests/e2e/test_c.py"
     assert deal_order(["a.py::t1", "b.py::t1", "a.py::t2"], {"a.py": 1.0, "b.py": 2.0}) == [1, 0, 2]
+
+
+THREADS_MODULE = """
+    import os
+    from pathlib import Path
+
+    import torch
+
+    def test_threads():
+        Path("threads.txt").write_text(f"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()}")
+    """
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_each_worker_gets_its_share_of_the_cores_unless_the_user_chose(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, user: str | None
+):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTING), os.environ.get("PYTHONPATH", "")]))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # this run's own worker set them
+        monkeypatch.delenv(name, raising=False)
+    if user:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    pytester.makepyfile(test_threads=THREADS_MODULE)
+    result = pytester.runpytest_subprocess("-p", "vllm_tt_testing.worker_threads", "-n", "2")
+    result.assert_outcomes(passed=1)
+    env, torch_threads = (pytester.path / "threads.txt").read_text().split()
+    if user:
+        assert env == user  # torch itself caps the pool at the cores there are
+    else:
+        share = str(threads_per_worker(os.cpu_count() or 1, 2))
+        assert (env, torch_threads) == (share, share)
+
+
+def test_a_worker_gets_its_share_of_the_cores_and_never_none():
+    assert threads_per_worker(2, 2) == 1
+    assert threads_per_worker(8, 3) == 2
+    assert threads_per_worker(1, 4) == 1
