@@ -109,16 +109,19 @@ THREADS_MODULE = """
     import torch
 
     def test_threads():
+        import numba
+
         Path("threads.txt").write_text(f"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()}")
+        Path("numba.txt").write_text(str(numba.config.NUMBA_NUM_THREADS))
     """
 
 
 @pytest.mark.parametrize("user", [None, "3"])
-def test_each_worker_gets_its_share_of_the_cores_unless_the_user_chose(
+def test_each_worker_gets_its_share_of_the_cores_unless_the_user_chose_and_numba_one(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, user: str | None
 ):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTING), os.environ.get("PYTHONPATH", "")]))
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # this run's own worker set them
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):  # this run's own worker set them
         monkeypatch.delenv(name, raising=False)
     if user:
         monkeypatch.setenv("OMP_NUM_THREADS", user)
@@ -131,6 +134,7 @@ def test_each_worker_gets_its_share_of_the_cores_unless_the_user_chose(
     else:
         share = str(threads_per_worker(os.cpu_count() or 1, 2))
         assert (env, torch_threads) == (share, share)
+    assert (pytester.path / "numba.txt").read_text() == "1"  # vLLM's n-gram proposer uses one
 
 
 def test_a_worker_gets_its_share_of_the_cores_and_never_none():
