@@ -106,3 +106,33 @@ def test_startup_summary_names_the_verify_trace_shape_per_lane():
         "ngram, K=3, verify trace [8 rows, 4] per lane x 4 lanes, verified on device when every row is greedy "
         "(argmax ids read back), else on the host"
     )
+
+
+
+@pytest.mark.parametrize(("user", "expected"), [(None, "1"), ("2", "2")])
+def test_the_ngram_proposer_gets_one_numba_thread_unless_the_user_chose(monkeypatch, user, expected):
+    """Set before numba is imported (it reads the count then), as in a fresh engine core."""
+    import os
+    import sys
+
+    from vllm_tt_platform.runner.speculative import NUMBA_THREADS, one_numba_thread
+
+    monkeypatch.delitem(sys.modules, "numba", raising=False)
+    monkeypatch.delenv(NUMBA_THREADS, raising=False)
+    if user:
+        monkeypatch.setenv(NUMBA_THREADS, user)
+    one_numba_thread()
+    assert os.environ[NUMBA_THREADS] == expected
+
+
+def test_a_numba_already_imported_keeps_its_pool(monkeypatch):
+    import os
+    import sys
+    import types
+
+    from vllm_tt_platform.runner.speculative import NUMBA_THREADS, one_numba_thread
+
+    monkeypatch.setitem(sys.modules, "numba", types.ModuleType("numba"))
+    monkeypatch.delenv(NUMBA_THREADS, raising=False)
+    one_numba_thread()
+    assert NUMBA_THREADS not in os.environ  # too late to matter: left as it is

@@ -19,6 +19,8 @@ step without drafts: each row takes its one token, and vLLM counts the drafts as
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +88,26 @@ def real_drafts(out: SchedulerOutput) -> dict[str, list[int]]:
     return drafts
 
 
+NUMBA_THREADS = "NUMBA_NUM_THREADS"
+
+
+def one_numba_thread() -> None:
+    """vLLM's ``NgramProposer`` runs its numba kernel on one thread (``min(1, cores // 2)``),
+    but numba starts an OpenMP pool of one thread per core, and their spinning after every
+    step's proposal starves the runner's own host work: 200 four-token n-gram requests on the
+    host backend took 62 s with numba's default pool, 2.3 s with one thread (2 loaded cores).
+    numba reads the count once, at import; a count the user set is kept."""
+    if "numba" not in sys.modules:
+        os.environ.setdefault(NUMBA_THREADS, "1")
+
+
 class Speculation:
     """The runner's speculative decoding: which drafts a step verifies, their acceptance, and
     the n-gram drafts handed to vLLM after each step."""
 
     def __init__(self, vllm_config: VllmConfig, settings: SpecSettings, num_slots: int,
                  host_sampler: HostSamplingBatch) -> None:
+        one_numba_thread()
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # numba JIT: only when used
 
         self.settings = settings
