@@ -16,10 +16,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_modeling
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models import deepseek_v3_moe as ds_moe
-from vllm_tt_host.models.deepseek_v3 import HostDeepseekV3ForCausalLM
-from vllm_tt_host.models.deepseek_v3_config import DeepseekV3Config
-from vllm_tt_host.models.deepseek_v3_moe import RoutedExperts, route, routed_moe
+from vllm_tt_host.models.deepseek_v3 import moe as ds_moe
+from vllm_tt_host.models.deepseek_v3.config import DeepseekV3Config
+from vllm_tt_host.models.deepseek_v3.model import HostDeepseekV3ForCausalLM
+from vllm_tt_host.models.deepseek_v3.moe import RoutedExperts, route, routed_moe
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny

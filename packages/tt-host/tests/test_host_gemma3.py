@@ -15,8 +15,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gemma3 import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma3.model import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import parity_fixtures

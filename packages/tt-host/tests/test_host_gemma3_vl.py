@@ -18,13 +18,14 @@ from transformers.models.gemma3.modeling_gemma3 import (
     get_block_sequence_ids_for_mask,
 )
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models import HOST_MODELS, paged_kv
-from vllm_tt_host.models.gemma3_vl import (
+from vllm_tt_host.models import HOST_MODELS
+from vllm_tt_host.models.frame import paged_kv
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma3.vl import (
     Gemma3VLConfig,
     HostGemma3ForConditionalGeneration,
     image_runs,
 )
-from vllm_tt_host.models.shapes import HostModelInputError
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MeshShape

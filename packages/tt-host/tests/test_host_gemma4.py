@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gemma4 import Gemma4Config, Gemma4Decoder, HostGemma4ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma4.model import Gemma4Config, Gemma4Decoder, HostGemma4ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_testing.checkpoints import parity_fixtures
 from vllm_tt_testing.contract_driver import ContractDriver

@@ -17,10 +17,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gpt_oss import modeling_gpt_oss as hf_modeling
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gpt_oss import HostGptOssForCausalLM, sink_attention
-from vllm_tt_host.models.gpt_oss_config import GptOssConfig
-from vllm_tt_host.models.moe import moe_mlp
-from vllm_tt_host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
+from vllm_tt_host.models.frame.moe import moe_mlp
+from vllm_tt_host.models.frame.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
+from vllm_tt_host.models.gpt_oss.config import GptOssConfig
+from vllm_tt_host.models.gpt_oss.model import HostGptOssForCausalLM, sink_attention
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny
@@ -221,8 +221,8 @@ def test_greedy_generate_parity_on_text(gpt_oss_dir, hf_gpt_oss):
 
 @pytest.mark.parametrize("wrong", ["no_sinks", "softmax_over_all_experts", "no_yarn", "full_attention"])
 def test_wrong_variants_change_outputs(gpt_oss_dir, hf_gpt_oss, monkeypatch, wrong):
-    from vllm_tt_host.models import moe
-    from vllm_tt_host.models.rope import RotaryEmbedding
+    from vllm_tt_host.models.frame import moe
+    from vllm_tt_host.models.frame.rope import RotaryEmbedding
 
     model = build(gpt_oss_dir)
     decoder = model.decoder

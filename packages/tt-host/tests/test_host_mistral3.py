@@ -15,9 +15,9 @@ import torch
 from transformers import AutoConfig, Mistral3Config, Mistral3ForConditionalGeneration
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.mistral3 import HostMistral3ForConditionalGeneration
-from vllm_tt_host.models.mistral3 import Mistral3Config as HostMistral3Config
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.mistral3.model import HostMistral3ForConditionalGeneration
+from vllm_tt_host.models.mistral3.model import Mistral3Config as HostMistral3Config
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape

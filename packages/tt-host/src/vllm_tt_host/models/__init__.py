@@ -6,23 +6,23 @@ through the ``vllm_tt.model_sources`` entry point and imports a class only when 
 
 from __future__ import annotations
 
-_FAMILIES = "vllm_tt_host.models.families"
+_FAMILIES = "vllm_tt_host.models.llama.model"
 
 HOST_MODELS: dict[str, str] = {
     "TTLlamaForCausalLM": f"{_FAMILIES}:HostLlamaForCausalLM",
     "TTMistralForCausalLM": f"{_FAMILIES}:HostMistralForCausalLM",
     "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
     "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
-    "TTGemma3ForCausalLM": "vllm_tt_host.models.gemma3:HostGemma3ForCausalLM",
-    "TTGemma4ForCausalLM": "vllm_tt_host.models.gemma4:HostGemma4ForCausalLM",
-    "TTGemma3ForConditionalGeneration": "vllm_tt_host.models.gemma3_vl:HostGemma3ForConditionalGeneration",
+    "TTGemma3ForCausalLM": "vllm_tt_host.models.gemma3.model:HostGemma3ForCausalLM",
+    "TTGemma4ForCausalLM": "vllm_tt_host.models.gemma4.model:HostGemma4ForCausalLM",
+    "TTGemma3ForConditionalGeneration": "vllm_tt_host.models.gemma3.vl:HostGemma3ForConditionalGeneration",
     "TTQwen2_5_VLForConditionalGeneration": (
-        "vllm_tt_host.models.qwen2_5_vl:HostQwen2_5_VLForConditionalGeneration"
+        "vllm_tt_host.models.qwen2_5_vl.model:HostQwen2_5_VLForConditionalGeneration"
     ),
-    "TTMistral3ForConditionalGeneration": "vllm_tt_host.models.mistral3:HostMistral3ForConditionalGeneration",
-    "TTGptOssForCausalLM": "vllm_tt_host.models.gpt_oss:HostGptOssForCausalLM",
-    "TTDeepseekV3ForCausalLM": "vllm_tt_host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
-    "TTQwen3_5ForCausalLM": "vllm_tt_host.models.qwen3_5:HostQwen3_5ForCausalLM",
+    "TTMistral3ForConditionalGeneration": "vllm_tt_host.models.mistral3.model:HostMistral3ForConditionalGeneration",
+    "TTGptOssForCausalLM": "vllm_tt_host.models.gpt_oss.model:HostGptOssForCausalLM",
+    "TTDeepseekV3ForCausalLM": "vllm_tt_host.models.deepseek_v3.model:HostDeepseekV3ForCausalLM",
+    "TTQwen3_5ForCausalLM": "vllm_tt_host.models.qwen3_5.model:HostQwen3_5ForCausalLM",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 

@@ -1,0 +1,1 @@
+"""The deepseek_v3 host family."""

@@ -1,0 +1,1 @@
+"""The gemma4 host family."""

@@ -1,0 +1,1 @@
+"""The gpt_oss host family."""

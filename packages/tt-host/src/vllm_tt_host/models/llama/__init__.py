@@ -1,0 +1,1 @@
+"""The llama host family."""

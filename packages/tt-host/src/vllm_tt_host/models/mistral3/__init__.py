@@ -1,0 +1,1 @@
+"""The mistral3 host family."""

@@ -1,0 +1,1 @@
+"""The qwen2_5_vl host family."""

@@ -1,0 +1,1 @@
+"""The qwen3_5 host family."""
