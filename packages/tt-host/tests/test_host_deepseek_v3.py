@@ -82,7 +82,7 @@ def test_routing_and_experts_match_transformers(deepseek_dir, hf_deepseek):
 def test_yarn_rope_and_softmax_scale_match_transformers(deepseek_dir, hf_deepseek):
     model = build(deepseek_dir)
     config, decoder = model.config, model.decoder
-    assert isinstance(config, DeepseekV3Config) and config.yarn is not None
+    assert isinstance(config, DeepseekV3Config) and config.rope.yarn is not None
     hf_attention = hf_deepseek.model.layers[0].self_attn
     assert config.softmax_scale == pytest.approx(hf_attention.scaling, rel=1e-12)
     assert config.softmax_scale != pytest.approx(config.mla.qk_head_dim**-0.5)  # the correction is there
@@ -97,7 +97,7 @@ def test_yarn_rope_and_softmax_scale_match_transformers(deepseek_dir, hf_deepsee
 
 
 def test_config_reading_and_refusals(deepseek_dir):
-    config = DeepseekV3Config.from_deepseek_v3(AutoConfig.from_pretrained(deepseek_dir))
+    config = DeepseekV3Config.read(AutoConfig.from_pretrained(deepseek_dir))
     assert (config.num_kv_heads, config.head_dim) == (1, 32 + 16)  # one latent "head" per token
     assert config.dense(0) and not config.dense(1) and config.mla.q_lora_rank == 64
     for bad, error, match in (
@@ -112,7 +112,7 @@ def test_config_reading_and_refusals(deepseek_dir):
         for key, value in bad.items():
             setattr(changed, key, value)
         with pytest.raises(error, match=match):
-            DeepseekV3Config.from_deepseek_v3(changed)
+            DeepseekV3Config.read(changed)
 
 
 # ---- the whole model through the TT contract ---------------------------------------------

@@ -13,7 +13,7 @@ from vllm_tt_host.tiny import ARCHITECTURES
 
 
 def test_the_registry_table_is_built_from_the_families():
-    assert HOST_MODELS == host_models(FAMILIES)
+    assert host_models(FAMILIES) == HOST_MODELS
     assert list(HOST_MODELS) == [arch for family in FAMILIES for arch in family.models]
 
 
@@ -39,3 +39,17 @@ def test_an_architecture_two_families_claim_is_refused():
     other = HostFamily("pkg.b", {"TTX": "model:B"}, tiny=())
     with pytest.raises(ValueError, match="TTX is declared by pkg.a.model:A and pkg.b.model:B"):
         host_models([one, other])
+
+
+def test_a_new_dense_family_needs_only_its_class():
+    """The walkthrough in docs/architecture.md: a dense family on the frame's layers names itself
+    and nothing else; the frame reads its config (no Llama-style quirk applies to it)."""
+    from transformers import AutoConfig
+
+    class HostNewDenseForCausalLM(HostCausalLM):
+        family = "new_dense"
+
+    hf_config = AutoConfig.for_model("llama", num_hidden_layers=2, attention_bias=True)
+    config = HostNewDenseForCausalLM.decoder_config(hf_config)
+    assert (config.family, config.num_layers, config.qk_norm) == ("new_dense", 2, False)
+    assert config.qkv_bias and config.o_bias

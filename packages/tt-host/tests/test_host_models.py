@@ -372,16 +372,16 @@ def test_legacy_rope_fields_and_unsupported_rope(tiny_checkpoint):
             "original_max_position_embeddings": 8192,
         },
     )
-    config = DecoderConfig.from_hf(legacy, "llama")
+    config = DecoderConfig.read(legacy, "llama")
     assert config.rope.rope_type == "llama3" and config.rope.theta == 500000.0
     assert config.head_dim == 16 and config.kv_groups == 2 and not config.qkv_bias
-    assert DecoderConfig.from_hf(types.SimpleNamespace(**base), "qwen2").qkv_bias
+    assert DecoderConfig.read(types.SimpleNamespace(**base), "qwen2").qkv_bias
     yarn = types.SimpleNamespace(**base, rope_theta=1e6, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(TTUnsupportedFeatureError, match="rope_type='yarn'"):
-        DecoderConfig.from_hf(yarn, "qwen3")
+        DecoderConfig.read(yarn, "qwen3")
     gelu = types.SimpleNamespace(**base, hidden_act="gelu")
     with pytest.raises(TTUnsupportedFeatureError, match="hidden_act"):
-        DecoderConfig.from_hf(gelu, "llama")
+        DecoderConfig.read(gelu, "llama")
 
 
 def test_llama3_frequencies_match_transformers(tiny_checkpoint):
@@ -390,7 +390,7 @@ def test_llama3_frequencies_match_transformers(tiny_checkpoint):
     from vllm_tt_host.models.frame.rope import inverse_frequencies
 
     hf_config = AutoConfig.from_pretrained(tiny_checkpoint("llama"))
-    config = DecoderConfig.from_hf(hf_config, "llama")
+    config = DecoderConfig.read(hf_config, "llama")
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
     ours = inverse_frequencies(config.rope, config.head_dim)
     assert torch.equal(ours, theirs)

@@ -19,12 +19,13 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageP
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.qwen2_5_vl.model import (
     HostQwen2_5_VLForConditionalGeneration,
     Qwen25VLConfig,
     mrope_positions,
 )
-from vllm_tt_host.models.qwen2_5_vl.vision import PixelNorm, VisionTower
+from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
 

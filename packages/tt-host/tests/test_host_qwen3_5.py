@@ -138,7 +138,7 @@ def test_gated_delta_rule_chunks_compose():
 
 
 def test_config_reading_and_refusals(qwen_dir):
-    config = Qwen3_5Config.from_qwen3_5(AutoConfig.from_pretrained(qwen_dir))
+    config = Qwen3_5Config.read(AutoConfig.from_pretrained(qwen_dir))
     assert config.layer_kinds == ("linear_attention",) * 3 + ("full_attention",)
     assert (config.rotary_dim, config.delta.conv_dim) == (8, 2 * 2 * 32 + 4 * 32)
     for bad, error, match in (
@@ -152,7 +152,7 @@ def test_config_reading_and_refusals(qwen_dir):
         for key, value in bad.items():
             setattr(changed, key, value)
         with pytest.raises(error, match=match):
-            Qwen3_5Config.from_qwen3_5(changed)
+            Qwen3_5Config.read(changed)
 
 
 def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):

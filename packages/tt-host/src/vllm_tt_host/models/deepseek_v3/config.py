@@ -12,7 +12,6 @@ a checkpoint asking for another routing is refused rather than served wrong.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +20,11 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_host.models.frame.config import (
     AttentionShape,
     DecoderConfig,
-    RopeConfig,
     common_fields,
     model_name,
     positive_int,
 )
-from vllm_tt_host.models.frame.yarn import YarnScaling
+from vllm_tt_host.models.frame.rope_config import read_rope
 
 ROPE_TYPES: tuple[str, ...] = ("default", "yarn")
 TOPK_METHODS: tuple[str, ...] = ("noaux_tc",)
@@ -76,7 +74,6 @@ class DeepseekV3Config(DecoderConfig):
     experts: RoutedExpertsConfig = field(kw_only=True)
     first_k_dense_replace: int = field(kw_only=True)
     """Layers below this index have a dense MLP, the others routed + shared experts."""
-    yarn: YarnScaling | None = field(kw_only=True, default=None)
     softmax_scale: float = field(kw_only=True)
     """``qk_head_dim ** -0.5``, times YaRN's ``mscale(factor, mscale_all_dim)`` squared."""
 
@@ -84,7 +81,7 @@ class DeepseekV3Config(DecoderConfig):
         return layer < self.first_k_dense_replace
 
     @classmethod
-    def from_deepseek_v3(cls, hf_config: Any, *, n_layers: int | None = None) -> DeepseekV3Config:
+    def read(cls, hf_config: Any, family: str = "deepseek_v3", *, n_layers: int | None = None) -> DeepseekV3Config:
         model = model_name(hf_config)
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -93,25 +90,17 @@ class DeepseekV3Config(DecoderConfig):
         mla = _mla(hf_config, model)
         experts = _experts(hf_config, model)
         max_positions = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-        rope, yarn = _rope(hf_config, model, max_positions)
-        scale = mla.qk_head_dim**-0.5 * (yarn.softmax_scale_factor if yarn is not None else 1.0)
+        rope = read_rope(hf_config, model, ROPE_TYPES, theta=None, max_positions=max_positions)
+        scale = mla.qk_head_dim**-0.5 * (rope.yarn.softmax_scale_factor if rope.yarn is not None else 1.0)
         dense = getattr(hf_config, "first_k_dense_replace", 0) or 0
         if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
             raise TTConfigError(f"{model}: first_k_dense_replace", dense, "an int >= 0", "check config.json")
-        bias = bool(getattr(hf_config, "attention_bias", False))
-        fields = common_fields(hf_config, shape) | {"num_kv_heads": 1, "head_dim": mla.latent_dim}
+        fields = common_fields(hf_config, shape, family=family, rope=rope, qk_norm=False)
         return cls(
-            **fields,
-            family="deepseek_v3",
-            rope=rope,
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=False,
-            qk_norm=False,
+            **fields | {"num_kv_heads": 1, "head_dim": mla.latent_dim},
             mla=mla,
             experts=experts,
             first_k_dense_replace=dense,
-            yarn=yarn,
             softmax_scale=scale,
         )
 
@@ -166,25 +155,3 @@ def _experts(hf_config: Any, model: str) -> RoutedExpertsConfig:
         n_shared_experts=int(getattr(hf_config, "n_shared_experts", 0) or 0),
         moe_intermediate_size=positive_int(hf_config, "moe_intermediate_size", model),
     )
-
-
-def _rope(hf_config: Any, model: str, max_positions: int) -> tuple[RopeConfig, YarnScaling | None]:
-    params = getattr(hf_config, "rope_parameters", None)
-    if not isinstance(params, Mapping) or "rope_theta" not in params:
-        raise TTConfigError(
-            f"{model}: rope_parameters", params, "one mapping with rope_theta", "check the checkpoint's config.json"
-        )
-    rope_type = params.get("rope_type", "default") or "default"
-    if rope_type not in ROPE_TYPES:
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_type", rope_type, f"one of {', '.join(ROPE_TYPES)}", "use a default or yarn rope"
-        )
-    theta = float(params["rope_theta"])
-    if rope_type == "default":
-        return RopeConfig(theta=theta), None
-    yarn = YarnScaling.from_rope_parameters(params, max_positions, model)
-    rope = RopeConfig(
-        theta=theta, rope_type="yarn", factor=yarn.factor,
-        original_max_position_embeddings=yarn.original_max_position_embeddings,
-    )
-    return rope, yarn

@@ -22,17 +22,17 @@ import torch.nn.functional as F
 from vllm_tt_host.models.deepseek_v3.config import DeepseekV3Config
 from vllm_tt_host.models.deepseek_v3.moe import RoutedExperts, routed_moe
 from vllm_tt_host.models.frame.checkpoint import (
-    CheckpointError,
     DecoderWeights,
     LayerWeights,
     MlpWeights,
-    _SafetensorsFolder,
+    WeightFolder,
+    check_shapes,
 )
-from vllm_tt_host.models.frame.config import DecoderConfig
-from vllm_tt_host.models.frame.decoder import HostDecoder, _mlp
+from vllm_tt_host.models.frame.decoder import HostDecoder
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM, layer_name
+from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
-from vllm_tt_host.models.frame.yarn import ScaledRotaryEmbedding
 
 LATENT_NORM_EPS = 1e-6
 """transformers' ``q_a_layernorm`` / ``kv_a_layernorm`` keep their default epsilon."""
@@ -70,21 +70,18 @@ class DeepseekV3Layer(LayerWeights):
     index: int = field(kw_only=True)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
 class DeepseekV3Decoder(HostDecoder):
     """The shared paged decoder with MLA projections and attention and DeepSeek's MLPs."""
+
+    @classmethod
+    def load(cls, folder: Path, config: DeepseekV3Config) -> HostDecoder:
+        return cls(config, load_deepseek_v3_weights(folder, config))
 
     def __init__(self, config: DeepseekV3Config, weights: DecoderWeights) -> None:
         super().__init__(config, weights)
         self.ds = config
         rope_dim = config.mla.qk_rope_head_dim
-        rotary = (
-            RotaryEmbedding.of(config.rope, rope_dim) if config.yarn is None
-            else ScaledRotaryEmbedding.yarn(config.rope.theta, rope_dim, config.yarn)
-        )
+        rotary = RotaryEmbedding.of(config.rope, rope_dim)
         self.rotaries = tuple(rotary for _ in range(config.num_layers))
         self._layers = tuple(_deepseek_layer(layer) for layer in weights.layers)
 
@@ -105,14 +102,14 @@ class DeepseekV3Decoder(HostDecoder):
         mla = self.ds.mla
         tokens = h.shape[0]
         if isinstance(a.q, QueryLora):
-            q = F.linear(_rms(F.linear(h, a.q.down, a.q.down_bias), a.q.norm, LATENT_NORM_EPS), a.q.up)
+            q = F.linear(rms_norm(F.linear(h, a.q.down, a.q.down_bias), a.q.norm, LATENT_NORM_EPS), a.q.up)
         else:
             q = F.linear(h, a.q)
         q = q.view(tokens, self.config.num_heads, mla.qk_head_dim)
         q_rope = self._rope(q[..., mla.qk_nope_head_dim :], index, positions)
         q = torch.cat((q[..., : mla.qk_nope_head_dim], q_rope), dim=-1)
         kv = F.linear(h, a.kv_a, a.kv_a_bias)
-        latent = _rms(kv[:, : mla.kv_lora_rank], a.kv_a_norm, LATENT_NORM_EPS)
+        latent = rms_norm(kv[:, : mla.kv_lora_rank], a.kv_a_norm, LATENT_NORM_EPS)
         k_rope = self._rope(kv[:, None, mla.kv_lora_rank :], index, positions)
         cached = torch.cat((latent[:, None, :], k_rope), dim=-1)
         return q, cached, cached
@@ -136,7 +133,7 @@ class DeepseekV3Decoder(HostDecoder):
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         h = self._norm(x, layer.post_attention_norm)
         mlp = _deepseek_layer(layer).mlp
-        return x + (routed_moe(h, mlp, self.ds.experts) if isinstance(mlp, RoutedExperts) else _mlp(h, mlp))
+        return x + (routed_moe(h, mlp, self.ds.experts) if isinstance(mlp, RoutedExperts) else gated_mlp(h, mlp))
 
 
 class HostDeepseekV3ForCausalLM(HybridKVCausalLM):
@@ -148,16 +145,8 @@ class HostDeepseekV3ForCausalLM(HybridKVCausalLM):
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HybridKVCausalLM.model_capabilities, "kv_cache_kinds": ["mla"], "single_program_lanes": True,
     }
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return DeepseekV3Config.from_deepseek_v3(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, DeepseekV3Config):
-            raise TypeError(f"{cls.__name__} needs a DeepseekV3Config, got {type(config).__name__}")
-        return DeepseekV3Decoder(config, load_deepseek_v3_weights(folder, config))
+    config_type = DeepseekV3Config
+    decoder_type = DeepseekV3Decoder
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
@@ -181,7 +170,7 @@ class HostDeepseekV3ForCausalLM(HybridKVCausalLM):
 def load_deepseek_v3_weights(folder: Path, config: DeepseekV3Config) -> DecoderWeights:
     """Every tensor of ``config`` from ``folder`` as float32, under the names transformers
     writes (routed experts saved one by one: ``mlp.experts.{e}.gate_proj``)."""
-    get = _SafetensorsFolder(folder).tensor
+    get = WeightFolder(folder).tensor
     bias = config.qkv_bias
     layers = []
     for i in range(config.num_layers):
@@ -253,9 +242,4 @@ def _check_shapes(weights: DecoderWeights, config: DeepseekV3Config, folder: Pat
             expected[p + "mlp.experts.0.up_proj.weight"] = (layer.mlp.experts[0].up, (e.moe_intermediate_size, h))
         else:
             expected[p + "mlp.up_proj.weight"] = (layer.mlp.up, (config.intermediate_size, h))
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(
-                f"{name} in {folder} has shape {tuple(tensor.shape)}, but "
-                f"config.json implies {shape}; the weights and config.json do not belong together"
-            )
+    check_shapes(expected, folder)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from vllm_tt_host.models.deepseek_v3.config import RoutedExpertsConfig
 from vllm_tt_host.models.frame.checkpoint import MlpWeights
-from vllm_tt_host.models.frame.decoder import _mlp as swiglu_mlp
+from vllm_tt_host.models.frame.mlp import gated_mlp
 from vllm_tt_host.models.frame.moe import combine_experts
 
 
@@ -52,5 +52,5 @@ def route(x: torch.Tensor, w: RoutedExperts, cfg: RoutedExpertsConfig) -> tuple[
 def routed_moe(x: torch.Tensor, w: RoutedExperts, cfg: RoutedExpertsConfig) -> torch.Tensor:
     """The routed experts' weighted sum plus the shared experts, for each token of ``x``."""
     experts, weights = route(x, w, cfg)
-    out = combine_experts(x, experts, weights, lambda expert, h: swiglu_mlp(h, w.experts[expert]))
-    return out if w.shared is None else out + swiglu_mlp(x, w.shared)
+    out = combine_experts(x, experts, weights, lambda expert, h: gated_mlp(h, w.experts[expert]))
+    return out if w.shared is None else out + gated_mlp(x, w.shared)

@@ -8,6 +8,7 @@ downloaded.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "mod
     """Read every tensor ``config`` needs from ``folder`` as float32; ``prefix`` is where the
     decoder's tensors sit (a vision-language checkpoint nests them under its language model, and
     may keep its ``lm_head`` there too)."""
-    reader = _SafetensorsFolder(folder)
+    reader = WeightFolder(folder)
 
     def get(name: str) -> torch.Tensor:
         return reader.tensor(name)
@@ -139,8 +140,9 @@ def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "mod
     return weights
 
 
-class _SafetensorsFolder:
-    """Finds a tensor by name across the folder's safetensors files."""
+class WeightFolder:
+    """A checkpoint folder's tensors by name, across its safetensors files (sharded or not),
+    each read as float32 when asked for."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -167,6 +169,14 @@ class _SafetensorsFolder:
 
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
+
+    def prefix(self, candidates: tuple[str, ...], probe: str, what: str) -> str:
+        """The first of ``candidates`` under which ``probe`` is stored: checkpoints of one
+        model nest its parts (a text decoder, a vision tower) under different names."""
+        for prefix in candidates:
+            if prefix + probe in self:
+                return prefix
+        raise CheckpointError(f"no {what} in {self.folder}: looked for {probe!r} under {', '.join(candidates)}")
 
     def tensor(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
@@ -195,9 +205,18 @@ def _check_shapes(weights: DecoderWeights, config: DecoderConfig, folder: Path) 
             (config.intermediate_size, config.hidden_size),
         ),
     }
+    check_shapes(expected, folder)
+
+
+def check_shapes(
+    expected: Mapping[str, tuple[torch.Tensor, tuple[int, ...]]], folder: Path, *, implied_by: str = "config.json",
+    note: str = "",
+) -> None:
+    """Refuse weights that do not fit their config: ``expected`` maps a tensor's name to the
+    tensor and the shape ``implied_by`` implies (``note``: what else may be wrong)."""
     for name, (tensor, shape) in expected.items():
         if tuple(tensor.shape) != shape:
             raise CheckpointError(
-                f"{name} in {folder} has shape {tuple(tensor.shape)}, but config.json implies "
-                f"{shape}; the weights and config.json do not belong together"
+                f"{name} in {folder} has shape {tuple(tensor.shape)}, but {implied_by} implies {shape}; "
+                f"the weights and config.json do not belong together{note}"
             )

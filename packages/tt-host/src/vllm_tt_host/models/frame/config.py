@@ -1,7 +1,8 @@
 """``DecoderConfig``: the few numbers the host decoder needs, read from an HF config.
 
-One parser for all four families; a family only decides which projections carry a bias and
-whether q/k are normalised per head. Anything the host math does not implement (sliding
+One parser for the Llama-style families (``FAMILY_FIELDS``: which projections carry a bias,
+whether q/k are normalised per head) and the fields every family reads the same way
+(``common_fields``). Anything the host math does not implement (sliding
 windows, other rope types, other activations) is refused here, by name, instead of producing
 silently wrong logits later.
 """
@@ -14,23 +15,18 @@ from typing import Any
 
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
-FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+from vllm_tt_host.models.frame.rope_config import RopeConfig, read_rope
+
+FAMILY_FIELDS: dict[str, dict[str, bool]] = {
+    "qwen2": {"qkv_bias": True, "o_bias": False},
+    "qwen3": {"qk_norm": True},
+}
+"""What a Llama-style family fixes whatever its config says: Qwen 2 biases q, k and v (never o),
+Qwen 3 norms q and k per head. Any other family (Llama, Mistral, a new dense one) biases q, k,
+v and o by ``attention_bias`` and norms neither."""
 
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
-
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding parameters; the llama3 fields are only read when ``rope_type`` is llama3."""
-
-    theta: float
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+"""The rope types of the Llama-style families."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +74,23 @@ class AttentionShape:
 
 
 def common_fields(
-    hf_config: Any, shape: AttentionShape, *, rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False
+    hf_config: Any, shape: AttentionShape, *, family: str, rope: RopeConfig, qk_norm: bool, mlp_bias: bool = False,
+    attention_bias: bool = False, rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False,
 ) -> dict[str, Any]:
-    """The ``DecoderConfig`` fields every family reads the same way (sizes, the attention shape,
-    norm epsilon, context length, tied embeddings); ``rms_norm_eps`` and ``tie_word_embeddings``
-    are the family's defaults for a config that omits them."""
+    """Every ``DecoderConfig`` field: the ones each family reads the same way (sizes, the
+    attention shape, norm epsilon, context length, tied embeddings, ``attention_bias`` on q, k, v
+    and o) and the family's own (``family``, ``rope``, ``qk_norm``, ``mlp_bias``).
+    ``attention_bias``, ``rms_norm_eps`` and ``tie_word_embeddings`` are the family's defaults
+    for a config that omits them."""
     model = model_name(hf_config)
+    bias = bool(getattr(hf_config, "attention_bias", attention_bias))
     return {
+        "family": family,
+        "rope": rope,
+        "qkv_bias": bias,
+        "o_bias": bias,
+        "mlp_bias": mlp_bias,
+        "qk_norm": qk_norm,
         "vocab_size": positive_int(hf_config, "vocab_size", model),
         "hidden_size": positive_int(hf_config, "hidden_size", model),
         "intermediate_size": positive_int(hf_config, "intermediate_size", model),
@@ -147,10 +153,10 @@ class DecoderConfig:
         return layer
 
     @classmethod
-    def from_hf(cls, hf_config: Any, family: str, *, n_layers: int | None = None) -> DecoderConfig:
-        """Read ``hf_config`` (a transformers config or anything with the same attributes)."""
-        if family not in FAMILIES:
-            raise ValueError(f"family={family!r} is not one of {', '.join(FAMILIES)}")
+    def read(cls, hf_config: Any, family: str, *, n_layers: int | None = None) -> DecoderConfig:
+        """Read ``hf_config`` (a transformers config or anything with the same attributes) as
+        ``family`` reads it; ``HostCausalLM.decoder_config`` calls the family's ``config_type.read``,
+        and a family config with fields of its own overrides it."""
         model = model_name(hf_config)
         _reject_sliding_window(hf_config, model)
         act = getattr(hf_config, "hidden_act", "silu")
@@ -159,16 +165,11 @@ class DecoderConfig:
                 f"{model}: hidden_act", act, "silu", "serve this model with a ttnn mesh"
             )
         shape = AttentionShape.read(hf_config, n_layers=n_layers)
-        attention_bias = bool(getattr(hf_config, "attention_bias", False))
-        return cls(
-            **common_fields(hf_config, shape),
-            family=family,
-            rope=_rope_config(hf_config, model),
-            qkv_bias=True if family == "qwen2" else attention_bias,
-            o_bias=False if family == "qwen2" else attention_bias,
+        fields = common_fields(
+            hf_config, shape, family=family, rope=read_rope(hf_config, model, ROPE_TYPES), qk_norm=False,
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
-            qk_norm=family == "qwen3",
         )
+        return cls(**fields | FAMILY_FIELDS.get(family, {}))
 
 
 def model_name(hf_config: Any) -> str:
@@ -180,6 +181,15 @@ def positive_int(hf_config: Any, name: str, model: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise TTConfigError(f"{model}: {name}", value, "a positive int", "check the checkpoint's config.json")
     return value
+
+
+def refuse_unimplemented(hf_config: Any, model: str, refused: Mapping[str, tuple[str, str]]) -> None:
+    """Refuse each field of ``refused`` the config sets (to anything truthy): the family's host
+    math does not implement it. ``refused``: field -> (the value the host serves, the fix)."""
+    for name, (served, fix) in refused.items():
+        value = getattr(hf_config, name, None)
+        if value:
+            raise TTUnsupportedFeatureError(f"{model}: {name}", value, served, fix)
 
 
 def vision_activation(hf_vision: Any, model: str, implemented: tuple[str, ...]) -> str:
@@ -231,55 +241,3 @@ def _reject_sliding_window(hf_config: Any, model: str) -> None:
             "host reference models implement full attention only; use a checkpoint whose "
             'config.json has "sliding_window": null (e.g. Mistral v0.2 or later)',
         )
-
-
-def _rope_config(hf_config: Any, model: str) -> RopeConfig:
-    """Transformers 5 keeps rope in ``rope_parameters``; older configs use ``rope_theta`` plus
-    ``rope_scaling``. Both are read."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if not isinstance(params, Mapping):
-        params = dict(getattr(hf_config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    if "rope_theta" not in params and all(isinstance(v, Mapping) for v in params.values()):
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_parameters",
-            dict(params),
-            "one set for all layers",
-            "host reference models use one rotary embedding for every layer",
-        )
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    if rope_type not in ROPE_TYPES:
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_type",
-            rope_type,
-            f"one of {', '.join(ROPE_TYPES)}",
-            "serve this model with a ttnn mesh, or a checkpoint with default/llama3 rope",
-        )
-    partial = float(
-        params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) or 1.0
-    )
-    if partial != 1.0:
-        raise TTUnsupportedFeatureError(
-            f"{model}: partial_rotary_factor",
-            partial,
-            "1.0",
-            "host reference models rotate the whole head",
-        )
-    if rope_type == "default":
-        return RopeConfig(theta=float(params.get("rope_theta", 10000.0)))
-    missing = [k for k in _LLAMA3_KEYS if k not in params]
-    if missing:
-        raise TTConfigError(
-            f"{model}: rope_parameters",
-            dict(params),
-            f"llama3 rope with {', '.join(_LLAMA3_KEYS)}",
-            f"add {', '.join(missing)} to the checkpoint's rope parameters",
-        )
-    return RopeConfig(
-        theta=float(params.get("rope_theta", 10000.0)),
-        rope_type="llama3",
-        factor=float(params["factor"]),
-        low_freq_factor=float(params["low_freq_factor"]),
-        high_freq_factor=float(params["high_freq_factor"]),
-        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-    )

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +29,11 @@ from vllm_tt_host.models.frame.checkpoint import (
     AttentionWeights,
     DecoderWeights,
     LayerWeights,
-    MlpWeights,
+    load_decoder_weights,
 )
 from vllm_tt_host.models.frame.config import DecoderConfig
+from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
 
@@ -71,11 +75,17 @@ class DecodeRows:
 
 
 class HostDecoder:
+    @classmethod
+    def load(cls, folder: Path, config: Any) -> HostDecoder:
+        """This decoder with the weights ``config`` (its family's config) needs from ``folder``;
+        families whose checkpoints hold other tensors override it."""
+        return cls(config, load_decoder_weights(folder, config))
+
     def __init__(self, config: DecoderConfig, weights: DecoderWeights) -> None:
         self.config = config
         self.weights = weights
         self.rotaries = tuple(
-            RotaryEmbedding.of(config.rope_of(i), config.head_dim) for i in range(config.num_layers)
+            RotaryEmbedding.of(config.rope_of(i), config.head_dim_of(i)) for i in range(config.num_layers)
         )
 
     @torch.no_grad()
@@ -179,7 +189,7 @@ class HostDecoder:
         return self.weights.embed[ids]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, weight, self.config)
+        return rms_norm(x, weight, self.config.rms_norm_eps)
 
     def _qkv(
         self, h: torch.Tensor, index: int, layer: LayerWeights, positions: torch.Tensor
@@ -213,17 +223,7 @@ class HostDecoder:
         """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``."""
         a = layer.attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
-        return x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+        return x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.weights.norm), self.weights.lm_head)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, config: DecoderConfig) -> torch.Tensor:
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + config.rms_norm_eps))
-
-
-def _mlp(x: torch.Tensor, m: MlpWeights) -> torch.Tensor:
-    gate = F.silu(F.linear(x, m.gate, m.gate_bias))
-    return F.linear(gate * F.linear(x, m.up, m.up_bias), m.down, m.down_bias)

@@ -27,7 +27,7 @@ from vllm_tt_platform.faults import DelayPoint
 
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.frame import paged_kv, verify
-from vllm_tt_host.models.frame.checkpoint import load_decoder_weights, resolve_checkpoint_dir
+from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.inputs import (
@@ -61,9 +61,14 @@ OPTIMIZATIONS: tuple[str | None, ...] = (None, "performance", "accuracy")
 
 
 class HostCausalLM(DecodeReader, VllmInspectionSurface):
-    """A decoder-only LM on the host mesh backend; subclasses name the family."""
+    """A decoder-only LM on the host mesh backend; a family's subclass names the family and,
+    where its config or layers differ, its ``config_type`` and ``decoder_type``."""
 
     family: ClassVar[str] = "llama"
+    config_type: ClassVar[type[DecoderConfig]] = DecoderConfig
+    """The family's config class; its ``read`` is the family's config reader."""
+    decoder_type: ClassVar[type[HostDecoder]] = HostDecoder
+    """The family's decoder class; its ``load`` reads the family's weights."""
 
     model_capabilities: ClassVar[dict[str, Any]] = {
         "supports_sample_on_device": True,
@@ -168,13 +173,16 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
 
     @classmethod
     def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        """The host math's view of ``hf_config``; families with their own fields override it."""
-        return DecoderConfig.from_hf(hf_config, cls.family, n_layers=n_layers)
+        """The host math's view of ``hf_config``: the family's ``config_type.read``."""
+        return cls.config_type.read(hf_config, cls.family, n_layers=n_layers)
 
     @classmethod
     def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        """The decoder math with the checkpoint's weights; families with other layers override it."""
-        return HostDecoder(config, load_decoder_weights(folder, config))
+        """The family's ``decoder_type`` with the checkpoint's weights; a config of another
+        family (a ``decoder_config`` override returning the wrong type) is refused."""
+        if not isinstance(config, cls.config_type):
+            raise TypeError(f"{cls.__name__} needs a {cls.config_type.__name__}, got {type(config).__name__}")
+        return cls.decoder_type.load(folder, config)
 
     @classmethod
     def get_max_tokens_all_users(

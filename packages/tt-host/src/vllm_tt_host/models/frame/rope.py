@@ -1,4 +1,5 @@
-"""Rotary position embedding with the default, linear and Llama 3.1 ("llama3") frequencies.
+"""Rotary position embedding: the default, linear, Llama 3.1 ("llama3"), proportional
+(Gemma 4) and YaRN (``yarn``) frequencies of a ``RopeConfig``, and the rotation itself.
 
 The arithmetic follows the order HF uses (float32 throughout) so that greedy decoding agrees
 with transformers token for token, not just approximately.
@@ -11,11 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_tt_host.models.frame.config import RopeConfig
+from vllm_tt_host.models.frame.rope_config import RopeConfig
+from vllm_tt_host.models.frame.yarn import yarn_frequencies
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """One rotation speed per pair of head dimensions, ``[head_dim // 2]``."""
+    if rope.yarn is not None:
+        return yarn_frequencies(rope.theta, head_dim, rope.yarn)
+    if rope.rope_type == "proportional":
+        return _proportional_frequencies(rope, head_dim)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
     inv = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "llama3":
@@ -38,18 +44,35 @@ def _llama3_frequencies(inv: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(short_wave, inv, torch.where(long_wave, slowed, mixed))
 
 
+def _proportional_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """The first ``rotary_fraction`` of the pairs turn at the speeds a whole head of
+    ``head_dim`` would give them (divided by ``factor``), the rest stand still."""
+    rotated = int(rope.rotary_fraction * head_dim // 2)
+    exponents = torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim
+    inv = torch.cat((1.0 / (rope.theta**exponents), torch.zeros(head_dim // 2 - rotated)))
+    return inv / rope.factor
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` rotated by angles whose ``cos`` and ``sin`` cover the whole last dimension; the
+    pairs are ``(i, i + d/2)`` (transformers' ``rotate_half``)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 @dataclass(frozen=True)
 class RotaryEmbedding:
     inv_freq: torch.Tensor
+    scale: float = 1.0
+    """YaRN's attention factor on cos and sin (1: none)."""
 
     @classmethod
     def of(cls, rope: RopeConfig, head_dim: int) -> RotaryEmbedding:
-        return cls(inverse_frequencies(rope, head_dim))
+        return cls(inverse_frequencies(rope, head_dim), rope.yarn.cos_sin_scale if rope.yarn is not None else 1.0)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, heads, head_dim]`` by the angles of ``positions [T]``."""
         freqs = positions[:, None].to(torch.float32) * self.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * angles.cos() + rotated * angles.sin()
+        out = apply_rotary(x, angles.cos(), angles.sin())
+        return out if self.scale == 1.0 else out * self.scale

@@ -1,5 +1,5 @@
-"""YaRN rotary scaling (GPT-OSS): per-frequency blend of interpolated and original speeds,
-plus an attention factor on cos/sin.
+"""YaRN rotary frequencies (GPT-OSS, DeepSeek V3): a per-frequency blend of interpolated and
+original speeds; ``RotaryEmbedding`` adds the attention factor on cos/sin.
 
 Frequencies that turn many times inside the original context keep their speed
 (extrapolation), slow ones are divided by ``factor`` (interpolation), and a linear ramp
@@ -11,69 +11,10 @@ out and it changes every logit. The arithmetic follows transformers' order (floa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-from vllm_tt_platform.errors import TTConfigError
 
-from vllm_tt_host.models.frame.rope import RotaryEmbedding
-
-
-@dataclass(frozen=True)
-class YarnScaling:
-    """YaRN's parameters as ``rope_parameters`` names them (HF defaults where optional)."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    truncate: bool = True
-    """Round the ramp's ends to whole dimensions (HF's default; GPT-OSS turns it off)."""
-    attention_factor: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-
-    @classmethod
-    def from_rope_parameters(
-        cls, params: Mapping[str, Any], max_position_embeddings: int, model: str
-    ) -> YarnScaling:
-        original = params.get("original_max_position_embeddings")
-        if not isinstance(original, int) or original <= 0:
-            raise TTConfigError(
-                f"{model}: rope_parameters.original_max_position_embeddings",
-                original,
-                "a positive int (YaRN needs the pre-training context)",
-                "add it to the checkpoint's rope_parameters",
-            )
-        factor = params.get("factor")
-        return cls(
-            factor=float(factor) if factor is not None else max_position_embeddings / original,
-            original_max_position_embeddings=original,
-            beta_fast=float(params.get("beta_fast") or 32.0),
-            beta_slow=float(params.get("beta_slow") or 1.0),
-            truncate=bool(params.get("truncate", True)),
-            attention_factor=_optional_float(params.get("attention_factor")),
-            mscale=_optional_float(params.get("mscale")),
-            mscale_all_dim=_optional_float(params.get("mscale_all_dim")),
-        )
-
-    @property
-    def cos_sin_scale(self) -> float:
-        """The factor on cos and sin: given, or from ``mscale`` / ``mscale_all_dim``, or
-        ``0.1 ln(factor) + 1``."""
-        if self.attention_factor is not None:
-            return self.attention_factor
-        if self.mscale and self.mscale_all_dim:
-            return _mscale(self.factor, self.mscale) / _mscale(self.factor, self.mscale_all_dim)
-        return _mscale(self.factor)
-
-    @property
-    def softmax_scale_factor(self) -> float:
-        """DeepSeek's correction of the attention scale: ``mscale(factor, mscale_all_dim)``
-        squared (1 without ``mscale_all_dim``)."""
-        return _mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+from vllm_tt_host.models.frame.rope_config import YarnScaling
 
 
 def yarn_frequencies(theta: float, head_dim: int, yarn: YarnScaling) -> torch.Tensor:
@@ -94,28 +35,6 @@ def yarn_frequencies(theta: float, head_dim: int, yarn: YarnScaling) -> torch.Te
     return interpolated * (1 - keep) + original * keep
 
 
-@dataclass(frozen=True)
-class ScaledRotaryEmbedding(RotaryEmbedding):
-    """A rotary embedding whose cos and sin carry YaRN's attention factor."""
-
-    scale: float = 1.0
-
-    @classmethod
-    def yarn(cls, theta: float, head_dim: int, yarn: YarnScaling) -> ScaledRotaryEmbedding:
-        return cls(yarn_frequencies(theta, head_dim, yarn), yarn.cos_sin_scale)
-
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return super().rotate(x, positions) * self.scale
-
-
 def _dimension_of(rotations: float, head_dim: int, theta: float, context: int) -> float:
     """The (fractional) dimension whose frequency turns ``rotations`` times in ``context``."""
     return (head_dim * math.log(context / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-
-def _mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)

@@ -13,10 +13,9 @@ vLLM's Gemma 3 ignore it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,20 +24,23 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_host.models.frame.checkpoint import (
     DecoderWeights,
     LayerWeights,
-    _SafetensorsFolder,
+    WeightFolder,
     load_decoder_weights,
 )
 from vllm_tt_host.models.frame.config import (
-    LAYER_TYPES,
     AttentionShape,
     DecoderConfig,
     RopeConfig,
     common_fields,
     layer_windows,
     model_name,
+    refuse_unimplemented,
 )
-from vllm_tt_host.models.frame.decoder import HostDecoder, _rms_norm
+from vllm_tt_host.models.frame.decoder import HostDecoder
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
+from vllm_tt_host.models.frame.mlp import gated_mlp, gelu_tanh
+from vllm_tt_host.models.frame.norms import rms_norm
+from vllm_tt_host.models.frame.rope_config import read_rope
 
 GEMMA3_ROPE_TYPES: tuple[str, ...] = ("default", "linear")
 
@@ -59,7 +61,7 @@ class Gemma3Config(DecoderConfig):
         return self.local_rope if self.window(layer) is not None else self.rope
 
     @classmethod
-    def from_hf_text(cls, hf_config: Any, *, n_layers: int | None = None) -> Gemma3Config:
+    def read(cls, hf_config: Any, family: str = "gemma3", *, n_layers: int | None = None) -> Gemma3Config:
         """Read a ``Gemma3TextConfig`` (or anything with the same attributes)."""
         model = model_name(hf_config)
         act = getattr(hf_config, "hidden_activation", None) or getattr(hf_config, "hidden_act", None)
@@ -67,25 +69,14 @@ class Gemma3Config(DecoderConfig):
             raise TTUnsupportedFeatureError(
                 f"{model}: hidden_activation", act, ", ".join(ACTIVATIONS), "serve this model with a ttnn mesh"
             )
-        if getattr(hf_config, "use_bidirectional_attention", False):
-            raise TTUnsupportedFeatureError(
-                f"{model}: use_bidirectional_attention",
-                True,
-                "false (causal attention)",
-                "host reference models serve Gemma 3 as a causal LM; use a causal checkpoint",
-            )
+        refuse_unimplemented(hf_config, model, {"use_bidirectional_attention": (
+            "false (causal attention)", "host reference models serve Gemma 3 as a causal LM; use a causal checkpoint",
+        )})
         shape = AttentionShape.read(hf_config, n_layers=n_layers, head_dim_required=True)
         windows = layer_windows(hf_config, model, shape.num_layers)
         global_rope, local_rope = _ropes(hf_config, model)
-        bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
-            **common_fields(hf_config, shape, tie_word_embeddings=True),
-            family="gemma3",
-            rope=global_rope,
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=False,
-            qk_norm=True,
+            **common_fields(hf_config, shape, family=family, rope=global_rope, qk_norm=True, tie_word_embeddings=True),
             layer_windows=windows,
             local_rope=local_rope,
             query_pre_attn_scalar=float(getattr(hf_config, "query_pre_attn_scalar", 256)),
@@ -94,31 +85,13 @@ class Gemma3Config(DecoderConfig):
 
 
 def _ropes(hf_config: Any, model: str) -> tuple[RopeConfig, RopeConfig]:
-    """``(global, local)``: transformers 5 keeps one rope set per layer type in
-    ``rope_parameters``; older configs have ``rope_theta``, ``rope_scaling`` (global only) and
-    ``rope_local_base_freq``."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, Mapping) and all(t in params for t in LAYER_TYPES):
-        per_type = {t: dict(params[t] or {}) for t in LAYER_TYPES}
-    else:
-        scaling = dict(getattr(hf_config, "rope_scaling", None) or {})
-        per_type = {
-            "full_attention": {**scaling, "rope_theta": getattr(hf_config, "rope_theta", None)},
-            "sliding_attention": {"rope_theta": getattr(hf_config, "rope_local_base_freq", None)},
-        }
-    ropes = []
-    for layer_type in ("full_attention", "sliding_attention"):
-        p = per_type[layer_type]
-        rope_type = p.get("rope_type", p.get("type", "default")) or "default"
-        if rope_type not in GEMMA3_ROPE_TYPES:
-            raise TTUnsupportedFeatureError(
-                f"{model}: rope_parameters[{layer_type!r}].rope_type", rope_type,
-                ", ".join(GEMMA3_ROPE_TYPES), "serve this model with a ttnn mesh",
-            )
-        theta = float(p.get("rope_theta") or _DEFAULT_THETA[layer_type])
-        factor = float(p.get("factor", 1.0)) if rope_type == "linear" else 1.0
-        ropes.append(RopeConfig(theta=theta, rope_type=rope_type, factor=factor))
-    return ropes[0], ropes[1]
+    """``(global, local)``: one rope set per layer type (transformers 5), or the legacy
+    ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq`` (local)."""
+    full, local = (
+        read_rope(hf_config, model, GEMMA3_ROPE_TYPES, layer_type=t, theta=_DEFAULT_THETA[t])
+        for t in ("full_attention", "sliding_attention")
+    )
+    return full, local
 
 
 def _softcap(hf_config: Any, name: str, model: str) -> float | None:
@@ -139,7 +112,7 @@ class Gemma3LayerWeights(LayerWeights):
 def load_gemma3_weights(folder: Path, config: Gemma3Config, prefix: str = "model.") -> DecoderWeights:
     """The Llama-shaped tensors plus each layer's two feed-forward norms, under ``prefix``."""
     base = load_decoder_weights(folder, config, prefix)
-    reader = _SafetensorsFolder(folder)
+    reader = WeightFolder(folder)
     layers = tuple(
         Gemma3LayerWeights(
             **{f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)},
@@ -154,6 +127,12 @@ def load_gemma3_weights(folder: Path, config: Gemma3Config, prefix: str = "model
 class Gemma3Decoder(HostDecoder):
     config: Gemma3Config
 
+    @classmethod
+    def load(cls, folder: Path, config: Any) -> HostDecoder:
+        """``config`` is a ``Gemma3Config``; Gemma 4 and the vision-language decoder, built
+        on this one, load their own."""
+        return cls(config, load_gemma3_weights(folder, config))
+
     def __init__(self, config: Gemma3Config, weights: DecoderWeights) -> None:
         super().__init__(config, weights)
         # HF multiplies by this float32 scalar (not by the Python float).
@@ -163,7 +142,7 @@ class Gemma3Decoder(HostDecoder):
         return self.weights.embed[ids] * self.embed_scale
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, 1.0 + weight, self.config)
+        return rms_norm(x, 1.0 + weight, self.config.rms_norm_eps)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, index: int
@@ -179,7 +158,7 @@ class Gemma3Decoder(HostDecoder):
         a, m = layer.attention, layer.mlp
         x = x + self._norm(F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias), layer.post_attention_norm)
         h = self._norm(x, layer.pre_feedforward_norm)
-        h = F.linear(F.gelu(F.linear(h, m.gate), approximate="tanh") * F.linear(h, m.up), m.down)
+        h = gated_mlp(h, m, gelu_tanh)
         return x + self._norm(h, layer.post_feedforward_norm)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,13 +171,5 @@ class HostGemma3ForCausalLM(HybridKVCausalLM):
     """Gemma 3 text: sliding-window and global layers, served through hybrid KV."""
 
     family = "gemma3"
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Gemma3Config.from_hf_text(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, Gemma3Config):
-            raise TypeError(f"{cls.__name__} needs a Gemma3Config, got {type(config).__name__}")
-        return Gemma3Decoder(config, load_gemma3_weights(folder, config))
+    config_type: ClassVar[type[DecoderConfig]] = Gemma3Config
+    decoder_type: ClassVar[type[HostDecoder]] = Gemma3Decoder

@@ -16,47 +16,33 @@ import torch
 import torch.nn.functional as F
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
-from vllm_tt_host.models.frame.checkpoint import CheckpointError, _SafetensorsFolder
-from vllm_tt_host.models.frame.config import model_name, positive_int, vision_activation
+from vllm_tt_host.models.frame.checkpoint import WeightFolder, check_shapes
+from vllm_tt_host.models.frame.config import model_name
+from vllm_tt_host.models.frame.vision import VisionTowerConfig
 
 VISION_ACTIVATIONS: tuple[str, ...] = ("gelu_pytorch_tanh", "gelu")
 
 
 @dataclass(frozen=True)
-class SiglipConfig:
+class SiglipConfig(VisionTowerConfig):
     """The numbers of a ``siglip_vision_model`` config the tower needs."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_channels: int
-    image_size: int
-    patch_size: int
     layer_norm_eps: float
-    activation: str
 
     @property
     def patches_per_side(self) -> int:
         return self.image_size // self.patch_size
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
     @classmethod
     def from_hf(cls, hf_vision: Any) -> SiglipConfig:
         model = model_name(hf_vision)
-        act = vision_activation(hf_vision, model, VISION_ACTIVATIONS)
+        fields = cls.tower_fields(hf_vision, VISION_ACTIVATIONS)
         if getattr(hf_vision, "vision_use_head", False):
             raise TTUnsupportedFeatureError(
                 f"{model}: vision_config.vision_use_head", True, "false",
                 "a vision-language model reads the tower's patch states, not the pooling head",
             )
-        hidden = positive_int(hf_vision, "hidden_size", model)
-        heads = positive_int(hf_vision, "num_attention_heads", model)
-        image = positive_int(hf_vision, "image_size", model)
-        patch = positive_int(hf_vision, "patch_size", model)
+        hidden, heads, image, patch = (fields[k] for k in ("hidden_size", "num_heads", "image_size", "patch_size"))
         if hidden % heads or image % patch:
             raise TTUnsupportedFeatureError(
                 f"{model}: vision_config", {"hidden_size": hidden, "num_attention_heads": heads,
@@ -64,17 +50,7 @@ class SiglipConfig:
                 "hidden_size divisible by num_attention_heads, image_size by patch_size",
                 "check the checkpoint's config.json",
             )
-        return cls(
-            hidden_size=hidden,
-            intermediate_size=positive_int(hf_vision, "intermediate_size", model),
-            num_layers=positive_int(hf_vision, "num_hidden_layers", model),
-            num_heads=heads,
-            num_channels=positive_int(hf_vision, "num_channels", model),
-            image_size=image,
-            patch_size=patch,
-            layer_norm_eps=float(getattr(hf_vision, "layer_norm_eps", 1e-6)),
-            activation=act,
-        )
+        return cls(**fields, layer_norm_eps=float(getattr(hf_vision, "layer_norm_eps", 1e-6)))
 
 
 @dataclass(frozen=True)
@@ -109,7 +85,7 @@ class SiglipWeights:
     post_norm: Linear
 
 
-def load_siglip_weights(reader: _SafetensorsFolder, prefix: str, config: SiglipConfig) -> SiglipWeights:
+def load_siglip_weights(reader: WeightFolder, prefix: str, config: SiglipConfig) -> SiglipWeights:
     """The tower's tensors under ``prefix`` (transformers 5 writes ``vision_tower.``)."""
 
     def pair(name: str) -> Linear:
@@ -135,12 +111,7 @@ def load_siglip_weights(reader: _SafetensorsFolder, prefix: str, config: SiglipC
         "embeddings.position_embedding.weight": (weights.positions, (c.patches_per_side**2, c.hidden_size)),
         "encoder.layers.0.mlp.fc1.weight": (layers[0].fc1.weight, (c.intermediate_size, c.hidden_size)),
     }
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(
-                f"{prefix}{name} in {reader.folder} has shape {tuple(tensor.shape)}, but the vision "
-                f"config implies {shape}; the weights and config.json do not belong together"
-            )
+    check_shapes({prefix + name: pair for name, pair in expected.items()}, reader.folder, implied_by="the vision config")
     return weights
 
 

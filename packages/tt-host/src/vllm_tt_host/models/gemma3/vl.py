@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from vllm.model_executor.models.gemma3_mm import Gemma3ForConditionalGeneration as VllmGemma3
 from vllm_tt_platform.errors import TTConfigError
 
-from vllm_tt_host.models.frame.checkpoint import CheckpointError, DecoderWeights, _SafetensorsFolder
-from vllm_tt_host.models.frame.config import DecoderConfig, model_name
+from vllm_tt_host.models.frame.checkpoint import CheckpointError, DecoderWeights, WeightFolder
+from vllm_tt_host.models.frame.config import model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import computed_pixels, image_runs, live_images, per_row
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
 from vllm_tt_host.models.gemma3.model import (
     Gemma3Config,
@@ -59,7 +60,7 @@ class Gemma3VLConfig(Gemma3Config):
         return int(round(self.mm_tokens_per_image**0.5))
 
     @classmethod
-    def from_hf_vl(cls, hf_config: Any, *, n_layers: int | None = None) -> Gemma3VLConfig:
+    def read(cls, hf_config: Any, family: str = "gemma3", *, n_layers: int | None = None) -> Gemma3VLConfig:
         """Read a ``Gemma3Config`` (``text_config`` + ``vision_config``)."""
         model = model_name(hf_config)
         text_config, vision_config = getattr(hf_config, "text_config", None), getattr(hf_config, "vision_config", None)
@@ -68,7 +69,7 @@ class Gemma3VLConfig(Gemma3Config):
                 f"{model}: text_config/vision_config", None, "both present (model_type gemma3)",
                 "serve a Gemma 3 vision-language checkpoint, or a text one as Gemma3ForCausalLM",
             )
-        text = Gemma3Config.from_hf_text(text_config, n_layers=n_layers)
+        text = Gemma3Config.read(text_config, family, n_layers=n_layers)
         vision = SiglipConfig.from_hf(vision_config)
         tokens = getattr(hf_config, "mm_tokens_per_image", None)
         side = int(round(tokens**0.5)) if isinstance(tokens, int) and tokens > 0 else 0
@@ -124,6 +125,10 @@ class Gemma3VLDecoder(Gemma3Decoder):
         self.tower = tower
         self.projector = projector
 
+    @classmethod
+    def load(cls, folder: Path, config: Gemma3VLConfig) -> HostDecoder:
+        return load_gemma3_vl_decoder(folder, config)
+
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         # An image token outside the vocabulary embeds as token 0; its row is replaced anyway.
         return super()._embed(torch.where(ids < self.config.vocab_size, ids, 0))
@@ -169,59 +174,12 @@ class Gemma3VLDecoder(Gemma3Decoder):
         return PrefillInserts(torch.cat(index), torch.cat(vectors), blocks)
 
 
-def image_runs(ids: torch.Tensor, image_token_id: int) -> list[tuple[int, int]]:
-    """``[first, stop)`` of every maximal run of ``image_token_id`` in ``ids``, in order."""
-    is_image = torch.cat((torch.tensor([False]), ids == image_token_id, torch.tensor([False])))
-    edges = (is_image[1:].int() - is_image[:-1].int()).nonzero().flatten().tolist()
-    return list(zip(edges[::2], edges[1::2], strict=True))
-
-
-def live_images(spans: list[tuple[int, int]], start: int, images: list[Any] | None, row: int,
-                what: str = "images") -> dict[int, Any]:
-    """``{span index: image}`` for the image placeholder spans (``[first, stop)``, prompt
-    order) a pass of row ``row`` from position ``start`` computes. The runner sends all of the
-    request's images (the contract has no encoder cache; later ones may lie past the chunk),
-    or only those the chunk computes."""
-    live = [k for k, (_, stop) in enumerate(spans) if stop > start]
-    count = 0 if images is None else len(images)
-    if count >= len(spans):  # all images so far (and maybe later ones), in prompt order
-        image_of = live
-    elif count == len(live):  # the chunk's images only
-        image_of = list(range(count))
-    else:
-        raise HostModelInputError(
-            f"prefill row {row}: {count} {what} sent, but the tokens hold {len(spans)} image "
-            f"placeholder runs, {len(live)} of them in the chunk from position {start}"
-        )
-    if images is None:
-        return {}
-    return {k: images[i] for k, i in zip(live, image_of, strict=True)}
-
-
-def computed_pixels(pixels: dict[int, torch.Tensor | None], row: int, start: int) -> list[torch.Tensor]:
-    """The pixels of the images a prefill pass of row ``row`` computes from position ``start``
-    (``{placeholder run: pixels}``), in order. vLLM sends an image inside the prefix-cache hit
-    without data (None), but no pass computes such an image: one it does compute must have its
-    pixels."""
-    missing = [k for k, p in pixels.items() if p is None]
-    if missing:
-        raise HostModelInputError(
-            f"prefill row {row}: image placeholder runs {missing} are computed from position {start} "
-            "but their pixel values were not sent"
-        )
-    return [p for p in pixels.values() if p is not None]
-
-
 def row_crops(pixel_values: Any, rows: int) -> list[list[torch.Tensor | None] | None]:
     """The runner's ``pixel_values`` (a list over rows, each None or a list of per-image
     tensors ``[crops, c, h, w]`` or ``[c, h, w]``, None for an image inside the prefix-cache
     hit) -> per row, its crops ``[c, h, w]`` in prompt order (None: one crop without data), or None."""
-    if pixel_values is None:
-        return [None] * rows
-    if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != rows:
-        raise HostModelInputError(f"pixel_values must be a list of {rows} rows (None for text-only rows)")
     out: list[list[torch.Tensor | None] | None] = []
-    for row, images in enumerate(pixel_values):
+    for row, images in enumerate(per_row(pixel_values, rows, "pixel_values")):
         if images is None or (isinstance(images, (list, tuple)) and not images):
             out.append(None)
             continue
@@ -246,21 +204,12 @@ def row_crops(pixel_values: Any, rows: int) -> list[list[torch.Tensor | None] | 
     return out
 
 
-def _prefix(reader: _SafetensorsFolder, candidates: tuple[str, ...], probe: str, what: str) -> str:
-    for prefix in candidates:
-        if prefix + probe in reader:
-            return prefix
-    raise CheckpointError(
-        f"no {what} in {reader.folder}: looked for {probe!r} under {', '.join(candidates)}"
-    )
-
-
 def load_gemma3_vl_decoder(folder: Path, config: Gemma3VLConfig) -> Gemma3VLDecoder:
     """The text decoder, tower and projector, under the names transformers 5 (or 4) wrote."""
-    reader = _SafetensorsFolder(folder)
-    text = _prefix(reader, TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
-    vision = _prefix(reader, VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision tower")
-    projector = _prefix(reader, PROJECTOR_PREFIXES, "mm_input_projection_weight", "multimodal projector")
+    reader = WeightFolder(folder)
+    text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
+    vision = reader.prefix(VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision tower")
+    projector = reader.prefix(PROJECTOR_PREFIXES, "mm_input_projection_weight", "multimodal projector")
     weights = ProjectorWeights(
         norm=reader.tensor(projector + "mm_soft_emb_norm.weight"),
         projection=reader.tensor(projector + "mm_input_projection_weight"),
@@ -282,17 +231,9 @@ class HostGemma3ForConditionalGeneration(HostGemma3ForCausalLM):
     """Gemma 3 with images: prefill rows carry ``pixel_values``; the rest is Gemma 3 text."""
 
     family = "gemma3"
+    config_type = Gemma3VLConfig
+    decoder_type = Gemma3VLDecoder
     decoder: Gemma3VLDecoder
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Gemma3VLConfig.from_hf_vl(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, Gemma3VLConfig):
-            raise TypeError(f"{cls.__name__} needs a Gemma3VLConfig, got {type(config).__name__}")
-        return load_gemma3_vl_decoder(folder, config)
 
     def prefill_inserts(
         self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any]

@@ -16,7 +16,6 @@ mixture-of-experts block are refused by name: the host does not implement them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -31,19 +30,19 @@ from vllm_tt_host.models.frame.checkpoint import (
     DecoderWeights,
     LayerWeights,
     MlpWeights,
-    _SafetensorsFolder,
+    WeightFolder,
 )
 from vllm_tt_host.models.frame.config import (
     AttentionShape,
-    DecoderConfig,
-    RopeConfig,
     common_fields,
     layer_windows,
     model_name,
     positive_int,
+    refuse_unimplemented,
 )
-from vllm_tt_host.models.frame.decoder import HostDecoder, _rms_norm
-from vllm_tt_host.models.frame.rope import RotaryEmbedding, inverse_frequencies
+from vllm_tt_host.models.frame.decoder import HostDecoder
+from vllm_tt_host.models.frame.norms import rms_norm
+from vllm_tt_host.models.frame.rope_config import read_rope
 from vllm_tt_host.models.gemma3.model import (
     ACTIVATIONS,
     Gemma3Config,
@@ -55,13 +54,14 @@ from vllm_tt_host.models.gemma3.model import (
 
 GEMMA4_ROPE_TYPES: tuple[str, ...] = ("default", "proportional")
 
-_REFUSED: tuple[tuple[str, str], ...] = (
-    ("hidden_size_per_layer_input", "0 (no per-layer input embeddings)"),
-    ("enable_moe_block", "false (a dense MLP)"),
-    ("use_bidirectional_attention", "null (causal attention)"),
-    ("attention_bias", "false"),
-)
-"""Config fields the host math does not implement, and the value it serves."""
+_UNIMPLEMENTED = "host reference models do not implement it; serve this model with a ttnn mesh"
+_REFUSED: dict[str, tuple[str, str]] = {
+    "hidden_size_per_layer_input": ("0 (no per-layer input embeddings)", _UNIMPLEMENTED),
+    "enable_moe_block": ("false (a dense MLP)", _UNIMPLEMENTED),
+    "use_bidirectional_attention": ("null (causal attention)", _UNIMPLEMENTED),
+    "attention_bias": ("false", _UNIMPLEMENTED),
+}
+"""Config fields the host math does not implement: the value it serves, and the fix."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,6 @@ class Gemma4Config(Gemma3Config):
     """Per layer, the layer whose KV it attends to (itself unless KV-shared)."""
     values_from_keys: bool = False
     """``attention_k_eq_v``: full layers take their values from the key projection."""
-    global_rotary_fraction: float = 1.0
-    """Proportional rope: the share of a full layer's head that rotates."""
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer]
@@ -88,7 +86,7 @@ class Gemma4Config(Gemma3Config):
         return self.values_from_keys and self.window(layer) is None
 
     @classmethod
-    def from_hf_gemma4(cls, hf_config: Any, *, n_layers: int | None = None) -> Gemma4Config:
+    def read(cls, hf_config: Any, family: str = "gemma4", *, n_layers: int | None = None) -> Gemma4Config:
         """Read a ``Gemma4TextConfig`` (transformers >= 5.17: per-layer shapes in
         ``per_layer_config``; the config refuses to answer ``head_dim`` or
         ``num_key_value_heads`` for the whole model)."""
@@ -98,12 +96,7 @@ class Gemma4Config(Gemma3Config):
             raise TTUnsupportedFeatureError(
                 f"{model}: hidden_activation", act, ", ".join(ACTIVATIONS), "serve this model with a ttnn mesh"
             )
-        for name, served in _REFUSED:
-            if getattr(hf_config, name, None):
-                raise TTUnsupportedFeatureError(
-                    f"{model}: {name}", getattr(hf_config, name), served,
-                    "host reference models do not implement it; serve this model with a ttnn mesh",
-                )
+        refuse_unimplemented(hf_config, model, _REFUSED)
         heads = positive_int(hf_config, "num_attention_heads", model)
         layers = positive_int(hf_config, "num_hidden_layers", model)
         if n_layers is not None:
@@ -112,26 +105,20 @@ class Gemma4Config(Gemma3Config):
             layers = n_layers
         windows = layer_windows(hf_config, model, layers)
         kv_heads, head_dims = _layer_shapes(hf_config, model, layers, heads)
-        global_rope, fraction = _full_rope(hf_config, model)
+        global_rope = read_rope(hf_config, model, GEMMA4_ROPE_TYPES, layer_type="full_attention", theta=1_000_000.0,
+                                partial=1.0)
         # Layer 0's KV heads and head size; every layer's own in layer_kv_heads, layer_head_dims.
         shape = AttentionShape(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads[0], head_dim=head_dims[0])
         return cls(
-            **common_fields(hf_config, shape, tie_word_embeddings=True),
-            family="gemma4",
-            rope=global_rope,
-            qkv_bias=False,
-            o_bias=False,
-            mlp_bias=False,
-            qk_norm=True,
+            **common_fields(hf_config, shape, family=family, rope=global_rope, qk_norm=True, tie_word_embeddings=True),
             layer_windows=windows,
-            local_rope=RopeConfig(theta=_theta(hf_config, "sliding_attention", model, 10_000.0)),
+            local_rope=read_rope(hf_config, model, ("default",), layer_type="sliding_attention"),
             query_pre_attn_scalar=1.0,
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", model),
             layer_head_dims=head_dims,
             layer_kv_heads=kv_heads,
             layer_kv_sources=_kv_sources(hf_config, model, layers),
             values_from_keys=bool(getattr(hf_config, "attention_k_eq_v", False)),
-            global_rotary_fraction=fraction,
         )
 
 
@@ -181,53 +168,6 @@ def _kv_sources(hf_config: Any, model: str, layers: int) -> tuple[int, ...]:
     return tuple(sources)
 
 
-def _rope_params(hf_config: Any, layer_type: str, model: str) -> Mapping[str, Any]:
-    params = getattr(hf_config, "rope_parameters", None)
-    if not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
-        raise TTConfigError(
-            f"{model}: rope_parameters[{layer_type!r}]", params, "one rope set per layer type",
-            "load the config with transformers >= 5.17",
-        )
-    p: Mapping[str, Any] = params[layer_type]
-    rope_type = p.get("rope_type", "default") or "default"
-    allowed = GEMMA4_ROPE_TYPES if layer_type == "full_attention" else ("default",)
-    if rope_type not in allowed:
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_parameters[{layer_type!r}].rope_type", rope_type, ", ".join(allowed),
-            "serve this model with a ttnn mesh",
-        )
-    return p
-
-
-def _theta(hf_config: Any, layer_type: str, model: str, default: float) -> float:
-    return float(_rope_params(hf_config, layer_type, model).get("rope_theta") or default)
-
-
-def _full_rope(hf_config: Any, model: str) -> tuple[RopeConfig, float]:
-    """The full layers' rope and the share of their head it rotates."""
-    p = _rope_params(hf_config, "full_attention", model)
-    rope = RopeConfig(
-        theta=float(p.get("rope_theta") or 1_000_000.0), rope_type=str(p.get("rope_type") or "default"),
-        factor=float(p.get("factor", 1.0)),
-    )
-    fraction = float(p.get("partial_rotary_factor", 1.0)) if rope.rope_type == "proportional" else 1.0
-    if not 0.0 < fraction <= 1.0:
-        raise TTConfigError(
-            f"{model}: rope_parameters['full_attention'].partial_rotary_factor", fraction, "(0, 1]",
-            "check config.json",
-        )
-    return rope, fraction
-
-
-def proportional_frequencies(rope: RopeConfig, head_dim: int, fraction: float) -> torch.Tensor:
-    """``[head_dim // 2]``: the first ``fraction`` of the pairs turn at the speeds a whole head
-    of ``head_dim`` would give them (divided by ``factor``), the rest stand still."""
-    rotated = int(fraction * head_dim // 2)
-    exponents = torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim
-    inv = torch.cat((1.0 / (rope.theta**exponents), torch.zeros(head_dim // 2 - rotated)))
-    return inv / rope.factor
-
-
 @dataclass(frozen=True)
 class Gemma4LayerWeights(Gemma3LayerWeights):
     layer_scalar: torch.Tensor
@@ -238,7 +178,7 @@ def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model
     """Every tensor ``config`` needs, as float32. A KV-shared layer has no k/v projections or
     k norm (an empty ``k``/``v`` stands for them); a full layer with values from its keys has
     no ``v_proj`` (its ``k_proj`` serves as both)."""
-    get = _SafetensorsFolder(folder).tensor
+    get = WeightFolder(folder).tensor
     layers = []
     for i in range(config.num_layers):
         p, attn, mlp = f"{prefix}layers.{i}.", f"{prefix}layers.{i}.self_attn.", f"{prefix}layers.{i}.mlp."
@@ -278,19 +218,12 @@ def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model
 class Gemma4Decoder(Gemma3Decoder):
     config: Gemma4Config
 
-    def __init__(self, config: Gemma4Config, weights: DecoderWeights) -> None:
-        super().__init__(config, weights)
-        self.rotaries = tuple(
-            RotaryEmbedding(
-                inverse_frequencies(config.rope_of(i), config.head_dim_of(i))
-                if config.window(i) is not None or config.rope.rope_type != "proportional"
-                else proportional_frequencies(config.rope, config.head_dim_of(i), config.global_rotary_fraction)
-            )
-            for i in range(config.num_layers)
-        )
+    @classmethod
+    def load(cls, folder: Path, config: Gemma4Config) -> HostDecoder:
+        return cls(config, load_gemma4_weights(folder, config))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, weight, self.config)
+        return rms_norm(x, weight, self.config.rms_norm_eps)
 
     def _qkv(
         self, h: torch.Tensor, index: int, layer: LayerWeights, positions: torch.Tensor
@@ -307,7 +240,7 @@ class Gemma4Decoder(Gemma3Decoder):
         k = F.linear(h, a.k).view(tokens, heads, dim)
         v = k if a.v is a.k else F.linear(h, a.v).view(tokens, heads, dim)
         k = rotary.rotate(self._norm(k, cast(torch.Tensor, a.k_norm)), positions)
-        return q, k, _rms_norm(v, torch.ones(()), cfg)
+        return q, k, rms_norm(v, torch.ones(()), cfg.rms_norm_eps)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, index: int
@@ -325,14 +258,6 @@ class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
     """Gemma 4 text: per-layer KV shapes and KV-shared layers, served through hybrid KV."""
 
     family = "gemma4"
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Gemma4Config.from_hf_gemma4(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, Gemma4Config):
-            raise TypeError(f"{cls.__name__} needs a Gemma4Config, got {type(config).__name__}")
-        return Gemma4Decoder(config, load_gemma4_weights(folder, config))
+    config_type = Gemma4Config
+    decoder_type = Gemma4Decoder
 

@@ -8,23 +8,22 @@ math runs float32 weights only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.errors import TTConfigError
 
 from vllm_tt_host.models.frame.config import (
     AttentionShape,
     DecoderConfig,
-    RopeConfig,
     common_fields,
     layer_windows,
     model_name,
     positive_int,
+    refuse_unimplemented,
 )
 from vllm_tt_host.models.frame.moe import MoeConfig
-from vllm_tt_host.models.frame.yarn import YarnScaling
+from vllm_tt_host.models.frame.rope_config import read_rope
 
 ROPE_TYPES: tuple[str, ...] = ("default", "yarn")
 
@@ -32,20 +31,13 @@ ROPE_TYPES: tuple[str, ...] = ("default", "yarn")
 @dataclass(frozen=True)
 class GptOssConfig(DecoderConfig):
     moe: MoeConfig = field(kw_only=True)
-    yarn: YarnScaling | None = field(kw_only=True, default=None)
-    """None: plain rotary frequencies (``rope_type`` default)."""
 
     @classmethod
-    def from_gpt_oss(cls, hf_config: Any, *, n_layers: int | None = None) -> GptOssConfig:
+    def read(cls, hf_config: Any, family: str = "gpt_oss", *, n_layers: int | None = None) -> GptOssConfig:
         model = model_name(hf_config)
-        quant = getattr(hf_config, "quantization_config", None)
-        if quant:
-            raise TTUnsupportedFeatureError(
-                f"{model}: quantization_config",
-                quant,
-                "none (float weights)",
-                "the host GPT-OSS runs unquantized weights; use a checkpoint saved without MXFP4",
-            )
+        refuse_unimplemented(hf_config, model, {"quantization_config": (
+            "none (float weights)", "the host GPT-OSS runs unquantized weights; use a checkpoint saved without MXFP4",
+        )})
         shape = AttentionShape.read(hf_config, n_layers=n_layers, head_dim_required=True)
         windows = layer_windows(hf_config, model, shape.num_layers)
         experts = positive_int(hf_config, "num_local_experts", model)
@@ -56,16 +48,10 @@ class GptOssConfig(DecoderConfig):
                 "check the checkpoint's config.json",
             )
         max_positions = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-        rope, yarn = _rope(hf_config, model, max_positions)
-        bias = bool(getattr(hf_config, "attention_bias", True))
+        rope = read_rope(hf_config, model, ROPE_TYPES, theta=None, max_positions=max_positions)
         return cls(
-            **common_fields(hf_config, shape, rms_norm_eps=1e-5),
-            family="gpt_oss",
-            rope=rope,
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=True,
-            qk_norm=False,
+            **common_fields(hf_config, shape, family=family, rope=rope, qk_norm=False, mlp_bias=True,
+                            attention_bias=True, rms_norm_eps=1e-5),
             layer_windows=windows,
             moe=MoeConfig(
                 num_experts=experts,
@@ -73,33 +59,4 @@ class GptOssConfig(DecoderConfig):
                 swiglu_alpha=float(getattr(hf_config, "swiglu_alpha", 1.702)),
                 swiglu_limit=float(getattr(hf_config, "swiglu_limit", 7.0)),
             ),
-            yarn=yarn,
         )
-
-
-def _rope(hf_config: Any, model: str, max_positions: int) -> tuple[RopeConfig, YarnScaling | None]:
-    params = getattr(hf_config, "rope_parameters", None)
-    if not isinstance(params, Mapping) or "rope_theta" not in params:
-        raise TTConfigError(
-            f"{model}: rope_parameters", params, "one mapping with rope_theta",
-            "check the checkpoint's config.json",
-        )
-    rope_type = params.get("rope_type", "default") or "default"
-    if rope_type not in ROPE_TYPES:
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_type", rope_type, f"one of {', '.join(ROPE_TYPES)}", "use a default or yarn rope"
-        )
-    if float(params.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise TTUnsupportedFeatureError(
-            f"{model}: partial_rotary_factor", params["partial_rotary_factor"], "1.0",
-            "host reference models rotate the whole head",
-        )
-    theta = float(params["rope_theta"])
-    if rope_type == "default":
-        return RopeConfig(theta=theta), None
-    yarn = YarnScaling.from_rope_parameters(params, max_positions, model)
-    rope = RopeConfig(
-        theta=theta, rope_type="yarn", factor=yarn.factor,
-        original_max_position_embeddings=yarn.original_max_position_embeddings,
-    )
-    return rope, yarn

@@ -11,23 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from vllm_tt_host.models.frame.checkpoint import (
     AttentionWeights,
-    CheckpointError,
     DecoderWeights,
     LayerWeights,
-    _SafetensorsFolder,
+    WeightFolder,
+    check_shapes,
 )
-from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 from vllm_tt_host.models.frame.moe import ExpertWeights, moe_mlp
-from vllm_tt_host.models.frame.yarn import ScaledRotaryEmbedding
 from vllm_tt_host.models.gpt_oss.config import GptOssConfig
 
 
@@ -58,15 +56,14 @@ def sink_attention(
 
 
 class GptOssDecoder(HostDecoder):
+    @classmethod
+    def load(cls, folder: Path, config: GptOssConfig) -> HostDecoder:
+        return cls(config, load_gpt_oss_weights(folder, config))
+
     def __init__(self, config: GptOssConfig, weights: DecoderWeights) -> None:
         super().__init__(config, weights)
         self.moe = config.moe
         self._layers = tuple(_gpt_oss_layer(layer) for layer in weights.layers)
-        if config.yarn is not None:
-            self.rotaries = tuple(
-                ScaledRotaryEmbedding.yarn(config.rope.theta, config.head_dim, config.yarn)
-                for _ in range(config.num_layers)
-            )
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, index: int
@@ -88,22 +85,14 @@ class HostGptOssForCausalLM(HybridKVCausalLM):
     ``--data-parallel-size`` folds into in-process lanes, as tt-metal's GPT-OSS does."""
 
     family: ClassVar[str] = "gpt_oss"
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return GptOssConfig.from_gpt_oss(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, GptOssConfig):
-            raise TypeError(f"{cls.__name__} needs a GptOssConfig, got {type(config).__name__}")
-        return GptOssDecoder(config, load_gpt_oss_weights(folder, config))
+    config_type = GptOssConfig
+    decoder_type = GptOssDecoder
 
 
 def load_gpt_oss_weights(folder: Path, config: GptOssConfig) -> DecoderWeights:
     """Every tensor of ``config`` from ``folder`` as float32, under the names transformers 5
     writes (experts fused per layer: ``mlp.experts.gate_up_proj`` ``[E, hidden, 2I]``)."""
-    reader = _SafetensorsFolder(folder)
+    reader = WeightFolder(folder)
     get = reader.tensor
     layers = []
     for i in range(config.num_layers):
@@ -156,10 +145,4 @@ def _check_shapes(weights: DecoderWeights, config: GptOssConfig, folder: Path) -
         "mlp.experts.gate_up_proj": (layer.mlp.gate_up, (e, h, 2 * i)),
         "mlp.experts.down_proj": (layer.mlp.down, (e, i, h)),
     }
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(
-                f"{name} in {folder} has shape {tuple(tensor.shape)}, but config.json implies {shape}; "
-                "the weights and config.json do not belong together (or the experts are saved per "
-                "expert, which the host GPT-OSS does not read)"
-            )
+    check_shapes(expected, folder, note=" (or the experts are saved per expert, which the host GPT-OSS does not read)")

@@ -1,6 +1,6 @@
 """Llama-style dense decoders: Llama 2/3.x, Mistral (no sliding window), Qwen 2 / 2.5 and Qwen 3.
 
-They share every layer of the frame's ``HostDecoder``; ``DecoderConfig.from_hf`` reads which
+They share every layer of the frame's ``HostDecoder``; ``DecoderConfig.read`` reads which
 projections carry a bias and whether q/k are normed per head, so a class only names its family."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The four model families host reference models serve; they differ only in config reading
-(``DecoderConfig.from_hf``), so each class just names its family."""
+"""The Llama-style classes: they differ only in how ``DecoderConfig.read`` reads their config,
+so each class just names its family."""
 
 from __future__ import annotations
 

@@ -31,23 +31,22 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_host.models.frame.checkpoint import (
     CheckpointError,
     DecoderWeights,
-    _SafetensorsFolder,
+    WeightFolder,
     load_decoder_weights,
 )
 from vllm_tt_host.models.frame.config import DecoderConfig, model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.inputs import PrefillRow
+from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels, live_images, per_row
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
-from vllm_tt_host.models.gemma3.vl import computed_pixels, live_images
 from vllm_tt_host.models.mistral3.pixtral import (
     PixtralConfig,
     PixtralVisionTower,
     load_pixtral_weights,
-    rms_norm,
 )
-from vllm_tt_host.models.qwen2_5_vl.vision import PixelNorm
 
 LAYOUTS: tuple[tuple[str, str, str, str], ...] = (
     ("language_model.model.", "language_model.lm_head.weight", "vision_tower.", "multi_modal_projector."),
@@ -77,14 +76,14 @@ class Mistral3Config(DecoderConfig):
         return self.vision.patch_size * self.spatial_merge_size
 
     @classmethod
-    def from_hf_vl(cls, hf_config: Any, *, n_layers: int | None = None) -> Mistral3Config:
+    def read(cls, hf_config: Any, family: str = "mistral", *, n_layers: int | None = None) -> Mistral3Config:
         """Read a ``Mistral3Config`` (``text_config`` + ``vision_config``)."""
         model = model_name(hf_config)
         text, vision_config = getattr(hf_config, "text_config", None), getattr(hf_config, "vision_config", None)
         if text is None or vision_config is None:
             raise TTConfigError(f"{model}: text_config/vision_config", None, "both present (model_type mistral3)",
                                 "serve a Mistral 3 checkpoint saved by transformers")
-        base = DecoderConfig.from_hf(text, "mistral", n_layers=n_layers)
+        base = DecoderConfig.read(text, family, n_layers=n_layers)
         vision = PixtralConfig.from_hf(vision_config)
         layer = getattr(hf_config, "vision_feature_layer", -1)
         if isinstance(layer, bool) or not isinstance(layer, int) or not -vision.num_layers - 1 <= layer <= vision.num_layers:
@@ -202,6 +201,10 @@ class Mistral3Decoder(HostDecoder):
         self.projector = projector
         self.placeholders = placeholders
 
+    @classmethod
+    def load(cls, folder: Path, config: Mistral3Config) -> HostDecoder:
+        return load_mistral3_decoder(folder, config)
+
     @torch.no_grad()
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """One image ``[3, h, w]`` (uint8 or normalised floats) -> its image token vectors
@@ -244,12 +247,8 @@ def row_images(pixel_values: Any, image_sizes: Any, rows: int) -> list[list[torc
     """The runner's row-aligned ``pixel_values`` (per image ``[3, h, w]``, or a padded
     ``[1, 3, H, W]`` with its ``image_sizes`` entry ``(h, w)``; None: inside the prefix-cache
     hit) -> per row, its images ``[3, h, w]`` in prompt order, or None."""
-    if pixel_values is None:
-        return [None] * rows
-    if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != rows:
-        raise HostModelInputError(f"pixel_values must be a list of {rows} rows (None for text-only rows)")
     out: list[list[torch.Tensor | None] | None] = []
-    for row, images in enumerate(pixel_values):
+    for row, images in enumerate(per_row(pixel_values, rows, "pixel_values")):
         if not images:
             out.append(None)
             continue
@@ -270,7 +269,7 @@ def row_images(pixel_values: Any, image_sizes: Any, rows: int) -> list[list[torc
 
 
 def load_mistral3_decoder(folder: Path, config: Mistral3Config) -> Mistral3Decoder:
-    reader = _SafetensorsFolder(folder)
+    reader = WeightFolder(folder)
     layout = next((names for names in LAYOUTS if names[0] + "embed_tokens.weight" in reader), None)
     if layout is None:
         raise CheckpointError(f"no Mistral 3 text decoder in {folder}: looked for embed_tokens.weight under "
@@ -305,17 +304,9 @@ class HostMistral3ForConditionalGeneration(HostCausalLM):
     the rest is the Mistral text decoder."""
 
     family = "mistral"
+    config_type = Mistral3Config
+    decoder_type = Mistral3Decoder
     decoder: Mistral3Decoder
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Mistral3Config.from_hf_vl(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, Mistral3Config):
-            raise TypeError(f"{cls.__name__} needs a Mistral3Config, got {type(config).__name__}")
-        return load_mistral3_decoder(folder, config)
 
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:

@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
-from vllm_tt_host.models.frame.checkpoint import CheckpointError, _SafetensorsFolder
-from vllm_tt_host.models.frame.config import model_name, positive_int, vision_activation
+from vllm_tt_host.models.frame.checkpoint import WeightFolder, check_shapes
+from vllm_tt_host.models.frame.config import model_name
+from vllm_tt_host.models.frame.norms import rms_norm
+from vllm_tt_host.models.frame.rope import apply_rotary
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import VisionTowerConfig
 
 VISION_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu")
 NORM_EPS = 1e-5
@@ -26,30 +29,16 @@ NORM_EPS = 1e-5
 
 
 @dataclass(frozen=True)
-class PixtralConfig:
+class PixtralConfig(VisionTowerConfig):
     """The numbers of a ``pixtral`` vision config the tower needs."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_channels: int
-    image_size: int
-    """The longest image side the processor produces."""
-    patch_size: int
     rope_theta: float
-    activation: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @classmethod
     def from_hf(cls, hf_vision: Any) -> PixtralConfig:
         model = model_name(hf_vision)
-        act = vision_activation(hf_vision, model, VISION_ACTIVATIONS)
-        hidden = positive_int(hf_vision, "hidden_size", model)
-        heads = positive_int(hf_vision, "num_attention_heads", model)
+        fields = cls.tower_fields(hf_vision, VISION_ACTIVATIONS)
+        hidden, heads = fields["hidden_size"], fields["num_heads"]
         if hidden % heads or (hidden // heads) % 4:
             raise TTConfigError(
                 f"{model}: vision_config", {"hidden_size": hidden, "num_attention_heads": heads},
@@ -62,17 +51,7 @@ class PixtralConfig:
                 f"{model}: vision_config.rope_parameters.rope_type", rope.get("rope_type"), "axial",
                 "serve this model with a ttnn mesh",
             )
-        return cls(
-            hidden_size=hidden,
-            intermediate_size=positive_int(hf_vision, "intermediate_size", model),
-            num_layers=positive_int(hf_vision, "num_hidden_layers", model),
-            num_heads=heads,
-            num_channels=positive_int(hf_vision, "num_channels", model),
-            image_size=positive_int(hf_vision, "image_size", model),
-            patch_size=positive_int(hf_vision, "patch_size", model),
-            rope_theta=float(rope.get("rope_theta", getattr(hf_vision, "rope_theta", 10000.0))),
-            activation=act,
-        )
+        return cls(**fields, rope_theta=float(rope.get("rope_theta", getattr(hf_vision, "rope_theta", 10000.0))))
 
 
 @dataclass(frozen=True)
@@ -96,7 +75,7 @@ class PixtralWeights:
     layers: tuple[PixtralLayerWeights, ...]
 
 
-def load_pixtral_weights(reader: _SafetensorsFolder, prefix: str, config: PixtralConfig,
+def load_pixtral_weights(reader: WeightFolder, prefix: str, config: PixtralConfig,
                          layers: int) -> PixtralWeights:
     """The first ``layers`` layers of the tower under ``prefix`` (the deepest feature layer)."""
     def get(name: str) -> torch.Tensor:
@@ -120,17 +99,8 @@ def load_pixtral_weights(reader: _SafetensorsFolder, prefix: str, config: Pixtra
     if stack:
         expected["transformer.layers.0.feed_forward.up_proj.weight"] = (stack[0].up, (c.intermediate_size,
                                                                                       c.hidden_size))
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(
-                f"{prefix}{name} in {reader.folder} has shape {tuple(tensor.shape)}, but the vision "
-                f"config implies {shape}; the weights and config.json do not belong together"
-            )
+    check_shapes({prefix + name: pair for name, pair in expected.items()}, reader.folder, implied_by="the vision config")
     return weights
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 class PixtralVisionTower:
@@ -178,8 +148,7 @@ class PixtralVisionTower:
         def heads(weight: torch.Tensor, rotate: bool) -> torch.Tensor:
             x = F.linear(h, weight).view(tokens, c.num_heads, c.head_dim)
             if rotate:
-                half = c.head_dim // 2
-                x = x * angles.cos() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * angles.sin()
+                x = apply_rotary(x, angles.cos(), angles.sin())
             return x.transpose(0, 1)
 
         out = F.scaled_dot_product_attention(heads(layer.q, True), heads(layer.k, True), heads(layer.v, False),

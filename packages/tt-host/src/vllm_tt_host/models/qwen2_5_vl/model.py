@@ -31,21 +31,19 @@ from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGenera
 from vllm_tt_platform.errors import TTConfigError
 
 from vllm_tt_host.models.frame.checkpoint import (
-    CheckpointError,
     DecoderWeights,
-    _SafetensorsFolder,
+    WeightFolder,
     load_decoder_weights,
 )
 from vllm_tt_host.models.frame.config import DecoderConfig, model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.inputs import PrefillRow
-from vllm_tt_host.models.frame.rope import inverse_frequencies
+from vllm_tt_host.models.frame.rope import apply_rotary, inverse_frequencies
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels, image_runs, per_row
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
-from vllm_tt_host.models.gemma3.vl import computed_pixels, image_runs
 from vllm_tt_host.models.qwen2_5_vl.vision import (
-    PixelNorm,
     VisionConfig,
     VisionTower,
     load_vision_weights,
@@ -64,14 +62,14 @@ class Qwen25VLConfig(DecoderConfig):
     image_token_id: int = -1
 
     @classmethod
-    def from_hf_vl(cls, hf_config: Any, *, n_layers: int | None = None) -> Qwen25VLConfig:
+    def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Qwen25VLConfig:
         model = model_name(hf_config)
         text = getattr(hf_config, "text_config", None)
         vision = getattr(hf_config, "vision_config", None)
         if text is None or vision is None:
             raise TTConfigError(f"{model}: text_config/vision_config", None, "both present (model_type qwen2_5_vl)",
                                 "serve a Qwen2.5-VL checkpoint saved by transformers")
-        base = DecoderConfig.from_hf(text, "qwen2", n_layers=n_layers)
+        base = DecoderConfig.read(text, family, n_layers=n_layers)
         section = tuple(int(s) for s in (getattr(text, "rope_parameters", None) or {}).get("mrope_section") or ())
         if not section or sum(section) != base.head_dim // 2:
             raise TTConfigError(f"{model}: rope_parameters.mrope_section", list(section),
@@ -127,9 +125,7 @@ class MultimodalRotary:
         freqs = indices[..., None].to(torch.float32) * self.inv_freq  # [3, T, d/2]
         chosen = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.section, dim=-1))], dim=-1)
         angles = torch.cat((chosen, chosen), dim=-1)[:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * angles.cos() + rotated * angles.sin()
+        return apply_rotary(x, angles.cos(), angles.sin())
 
 
 @dataclass(frozen=True)
@@ -172,11 +168,7 @@ def _grid(value: Any, row: int) -> tuple[int, int, int]:
 
 
 def _row_list(values: Any, row: int, rows: int, name: str) -> list[Any]:
-    if values is None:
-        return []
-    if not isinstance(values, (list, tuple)) or len(values) != rows:
-        raise HostModelInputError(f"{name} must be a list of {rows} rows (None for text-only rows)")
-    return list(values[row] or [])
+    return list(per_row(values, rows, name)[row] or [])
 
 
 def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config: Qwen25VLConfig,
@@ -214,6 +206,10 @@ class Qwen25VLDecoder(HostDecoder):
         self.rotaries = (self.mrope,) * config.num_layers  # type: ignore[assignment]
         self.slot_deltas = torch.zeros(0, dtype=torch.long)
         """Each decode slot's mRoPE delta (set by the model: its prefills, ``rope_deltas_all_users``)."""
+
+    @classmethod
+    def load(cls, folder: Path, config: Qwen25VLConfig) -> HostDecoder:
+        return load_qwen2_5_vl_decoder(folder, config)
 
     def prefill(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Any, lane_kv: Any,
                 all_positions: bool = False, inserts: PrefillInserts | None = None) -> torch.Tensor:
@@ -255,19 +251,13 @@ class Qwen25VLDecoder(HostDecoder):
 
 
 def load_qwen2_5_vl_decoder(folder: Path, config: Qwen25VLConfig) -> Qwen25VLDecoder:
-    reader = _SafetensorsFolder(folder)
-    text = _prefix(reader, TEXT_PREFIXES, "embed_tokens.weight")
-    vision = _prefix(reader, VISION_PREFIXES, "patch_embed.proj.weight")
+    reader = WeightFolder(folder)
+    text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
+    vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
     tower = VisionTower(config.vision, load_vision_weights(reader, vision, config.vision),
                         PixelNorm.of_checkpoint(folder))
     return Qwen25VLDecoder(config, load_decoder_weights(folder, config, text), tower)
 
-
-def _prefix(reader: _SafetensorsFolder, candidates: tuple[str, ...], probe: str) -> str:
-    for prefix in candidates:
-        if prefix + probe in reader:
-            return prefix
-    raise CheckpointError(f"no {probe!r} in {reader.folder} under any of {', '.join(candidates)}")
 
 
 @vllm_multimodal_processing(VllmQwen2_5_VL)
@@ -276,6 +266,8 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
     returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
 
     family = "qwen2"
+    config_type = Qwen25VLConfig
+    decoder_type = Qwen25VLDecoder
     decoder: Qwen25VLDecoder
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostCausalLM.model_capabilities,
@@ -288,16 +280,6 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
         self.decoder.slot_deltas = torch.zeros(self.max_batch_size, dtype=torch.long)
         self._call_deltas: list[int] = []
         """The deltas of the prefill call in progress (``prefill_inserts`` computes them)."""
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Qwen25VLConfig.from_hf_vl(hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        if not isinstance(config, Qwen25VLConfig):
-            raise TypeError(f"{cls.__name__} needs a Qwen25VLConfig, got {type(config).__name__}")
-        return load_qwen2_5_vl_decoder(folder, config)
 
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:

@@ -14,53 +14,22 @@ attend, which is the same attention.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
-from vllm_tt_host.models.frame.checkpoint import CheckpointError, _SafetensorsFolder
+from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder
 from vllm_tt_host.models.frame.config import model_name, positive_int
+from vllm_tt_host.models.frame.norms import rms_norm
+from vllm_tt_host.models.frame.rope import apply_rotary
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-"""Qwen2-VL's image processor defaults, used when the checkpoint saved no processor."""
-
-
-@dataclass(frozen=True)
-class PixelNorm:
-    """The image processor's rescale and per-channel normalisation (applied to uint8 input)."""
-
-    rescale: float = 1 / 255
-    mean: tuple[float, ...] = CLIP_MEAN
-    std: tuple[float, ...] = CLIP_STD
-
-    @classmethod
-    def of_checkpoint(cls, folder: Path) -> PixelNorm:
-        """From ``processor_config.json`` (transformers 5) or ``preprocessor_config.json``."""
-        for name in ("processor_config.json", "preprocessor_config.json"):
-            path = folder / name
-            if path.is_file():
-                raw: dict[str, Any] = json.loads(path.read_text())
-                raw = raw.get("image_processor", raw)
-                return cls(float(raw.get("rescale_factor", 1 / 255)), tuple(raw.get("image_mean", CLIP_MEAN)),
-                           tuple(raw.get("image_std", CLIP_STD)))
-        return cls()
-
-    def apply(self, pixels: torch.Tensor, channels: int) -> torch.Tensor:
-        """``[patches, C * k]`` uint8 -> normalised float32, as the HF processor computes it
-        (``(x - mean / rescale) / (std / rescale)``); float input is returned as float32."""
-        if pixels.dtype != torch.uint8:
-            return pixels.to(torch.float32)
-        x = pixels.to(torch.float32).reshape(pixels.shape[0], channels, -1)
-        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None] / self.rescale
-        std = torch.tensor(self.std, dtype=torch.float32)[:, None] / self.rescale
-        return ((x - mean) / std).reshape(pixels.shape[0], -1)
+NORM_EPS = 1e-6
+"""The tower's RMSNorms keep transformers' default epsilon."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +122,7 @@ class VisionWeights:
     merger_fc2_bias: torch.Tensor
 
 
-def load_vision_weights(reader: _SafetensorsFolder, prefix: str, config: VisionConfig) -> VisionWeights:
+def load_vision_weights(reader: WeightFolder, prefix: str, config: VisionConfig) -> VisionWeights:
     """The tower's tensors under ``prefix`` (``model.visual.`` as transformers 5 writes it)."""
     get = reader.tensor
     blocks = []
@@ -235,8 +204,8 @@ class VisionTower:
         same_frame = None if grid_thw[0] == 1 else layout.frames[:, None] == layout.frames[None, :]
         for index, block in enumerate(self.weights.blocks):
             mask = same_frame if index in cfg.full_attention_blocks else same_window
-            x = x + self._attend(_rms_norm(x, block.norm1), block, cos, sin, mask)
-            h = _rms_norm(x, block.norm2)
+            x = x + self._attend(rms_norm(x, block.norm1, NORM_EPS), block, cos, sin, mask)
+            h = rms_norm(x, block.norm2, NORM_EPS)
             x = x + F.linear(F.silu(F.linear(h, block.gate, block.gate_bias)) * F.linear(h, block.up, block.up_bias),
                              block.down, block.down_bias)
         return self._merge(x)
@@ -254,7 +223,7 @@ class VisionTower:
         cfg = self.config
         n = h.shape[0]
         q, k, v = F.linear(h, block.qkv, block.qkv_bias).reshape(n, 3, cfg.num_heads, cfg.head_dim).unbind(1)
-        q, k = (_rotate(t, cos[:, None], sin[:, None]) for t in (q, k))
+        q, k = (apply_rotary(t, cos[:, None], sin[:, None]) for t in (q, k))
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                              attn_mask=mask, scale=cfg.head_dim**-0.5)
         return F.linear(out.transpose(0, 1).reshape(n, -1), block.proj, block.proj_bias)
@@ -262,14 +231,5 @@ class VisionTower:
     def _merge(self, x: torch.Tensor) -> torch.Tensor:
         """Norm each patch, concatenate the ``merge**2`` patches of a unit, two-layer GELU MLP."""
         w = self.weights
-        units = _rms_norm(x, w.merger_norm).reshape(-1, x.shape[-1] * self.config.merge_size**2)
+        units = rms_norm(x, w.merger_norm, NORM_EPS).reshape(-1, x.shape[-1] * self.config.merge_size**2)
         return F.linear(F.gelu(F.linear(units, w.merger_fc1, w.merger_fc1_bias)), w.merger_fc2, w.merger_fc2_bias)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

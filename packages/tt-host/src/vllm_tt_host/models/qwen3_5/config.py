@@ -11,7 +11,6 @@ changes nothing and the host applies plain rope on the rotary part.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +19,11 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_host.models.frame.config import (
     AttentionShape,
     DecoderConfig,
-    RopeConfig,
     common_fields,
     model_name,
     positive_int,
 )
+from vllm_tt_host.models.frame.rope_config import read_rope
 
 LINEAR, FULL = "linear_attention", "full_attention"
 QWEN3_5_LAYER_TYPES: tuple[str, ...] = (LINEAR, FULL)
@@ -77,7 +76,9 @@ class Qwen3_5Config(DecoderConfig):
         return self.layer_kinds[layer] == LINEAR
 
     @classmethod
-    def from_qwen3_5(cls, hf_config: Any, *, n_layers: int | None = None) -> Qwen3_5Config:
+    def read(cls, hf_config: Any, family: str = "qwen3_5", *, n_layers: int | None = None) -> Qwen3_5Config:
+        """Read the text config, also when ``hf_config`` is a whole 3.5 checkpoint's (``text_config``)."""
+        hf_config = getattr(hf_config, "text_config", None) or hf_config
         model = model_name(hf_config)
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -102,35 +103,16 @@ class Qwen3_5Config(DecoderConfig):
                 f"{model}: linear_num_value_heads", delta.num_v_heads,
                 f"a multiple of linear_num_key_heads={delta.num_k_heads}", "check the checkpoint's config.json",
             )
-        rope, rotary_dim = _rope(hf_config, model, shape.head_dim)
-        bias = bool(getattr(hf_config, "attention_bias", False))
+        rope = read_rope(hf_config, model, ("default",), partial=0.25)
+        rotary_dim = int(shape.head_dim * rope.rotary_fraction)
+        if not 0 < rotary_dim <= shape.head_dim or rotary_dim % 2:
+            raise TTConfigError(
+                f"{model}: partial_rotary_factor", rope.rotary_fraction,
+                f"a factor giving an even rotary size in 2..{shape.head_dim}", "check the checkpoint's config.json",
+            )
         return cls(
-            **common_fields(hf_config, shape),
-            family="qwen3_5",
-            rope=rope,
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=False,
-            qk_norm=True,
+            **common_fields(hf_config, shape, family=family, rope=rope, qk_norm=True),
             layer_kinds=kinds[: shape.num_layers],
             delta=delta,
             rotary_dim=rotary_dim,
         )
-
-
-def _rope(hf_config: Any, model: str, head_dim: int) -> tuple[RopeConfig, int]:
-    params = getattr(hf_config, "rope_parameters", None)
-    params = dict(params) if isinstance(params, Mapping) else {}
-    rope_type = params.get("rope_type", "default") or "default"
-    if rope_type != "default":
-        raise TTUnsupportedFeatureError(
-            f"{model}: rope_parameters.rope_type", rope_type, "default", "serve this model with a ttnn mesh"
-        )
-    partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 0.25)))
-    rotary_dim = int(head_dim * partial)
-    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
-        raise TTConfigError(
-            f"{model}: partial_rotary_factor", partial, f"a factor giving an even rotary size in 2..{head_dim}",
-            "check the checkpoint's config.json",
-        )
-    return RopeConfig(theta=float(params.get("rope_theta", 10000.0))), rotary_dim

@@ -30,15 +30,17 @@ import torch.nn.functional as F
 from vllm_tt_host.models.frame import paged_kv
 from vllm_tt_host.models.frame.checkpoint import (
     AttentionWeights,
-    CheckpointError,
     DecoderWeights,
     MlpWeights,
-    _SafetensorsFolder,
+    WeightFolder,
+    check_shapes,
 )
 from vllm_tt_host.models.frame.config import DecoderConfig
-from vllm_tt_host.models.frame.decoder import DecodeRows, HostDecoder, PrefillInserts, _mlp
+from vllm_tt_host.models.frame.decoder import DecodeRows, HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM, layer_name
 from vllm_tt_host.models.frame.inputs import check_kv_shape
+from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.qwen3_5.config import Qwen3_5Config
@@ -79,6 +81,10 @@ class Qwen3_5Layer:
 
 
 class Qwen3_5Decoder(HostDecoder):
+    @classmethod
+    def load(cls, folder: Path, config: Qwen3_5Config) -> HostDecoder:
+        return load_qwen3_5(folder, config)
+
     def __init__(self, config: Qwen3_5Config, embed: torch.Tensor, layers: tuple[Qwen3_5Layer, ...],
                  norm: torch.Tensor, lm_head: torch.Tensor) -> None:
         super().__init__(config, DecoderWeights(embed=embed, layers=(), norm=norm, lm_head=lm_head))
@@ -108,7 +114,7 @@ class Qwen3_5Decoder(HostDecoder):
                 x = x + out[0]
             else:
                 x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions, size)
-            x = x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+            x = x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
         return x
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
@@ -130,7 +136,7 @@ class Qwen3_5Decoder(HostDecoder):
             else:
                 x = x + self._attention_decode(h, layer.mixer, [kv[lane][index] for lane in range(len(step.lanes))],
                                                table, step)
-            x = x + _mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+            x = x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
         return x
 
     # ---- gated delta-net ---------------------------------------------------------------
@@ -153,8 +159,7 @@ class Qwen3_5Decoder(HostDecoder):
         log_decay = w.neg_a * F.softplus(F.linear(h, w.in_a) + w.dt_bias)
         core, recurrent = gated_delta_rule(q, k, v, log_decay, beta, recurrent)
         z = F.linear(h, w.in_z).reshape(batch, steps, s.num_v_heads, s.v_head_dim)
-        normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
-        gated = (w.norm * normed) * F.silu(z)
+        gated = rms_norm(core, w.norm, self.config.rms_norm_eps) * F.silu(z)
         return F.linear(gated.reshape(batch, steps, -1), w.out), conv, recurrent
 
     # ---- gated full attention ----------------------------------------------------------
@@ -238,14 +243,8 @@ class HostQwen3_5ForCausalLM(HybridKVCausalLM):
         "supports_verify_decode": False,
         "single_program_lanes": False,
     }
-
-    @classmethod
-    def decoder_config(cls, hf_config: Any, n_layers: int | None = None) -> DecoderConfig:
-        return Qwen3_5Config.from_qwen3_5(getattr(hf_config, "text_config", None) or hf_config, n_layers=n_layers)
-
-    @classmethod
-    def load_decoder(cls, folder: Path, config: DecoderConfig) -> HostDecoder:
-        return load_qwen3_5(folder, _qwen(config))
+    config_type = Qwen3_5Config
+    decoder_type = Qwen3_5Decoder
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
@@ -312,7 +311,7 @@ def _qwen(config: DecoderConfig) -> Qwen3_5Config:
 def load_qwen3_5(folder: Path, config: Qwen3_5Config, prefix: str = "model.") -> Qwen3_5Decoder:
     """Every tensor of ``config`` from ``folder`` as float32, under transformers' names; the
     ``1 + w`` norms are folded into their weights here."""
-    get = _SafetensorsFolder(folder).tensor
+    get = WeightFolder(folder).tensor
 
     def plus_one(name: str) -> torch.Tensor:
         return 1.0 + get(name)
@@ -369,9 +368,4 @@ def _check_shapes(folder: Path, config: Qwen3_5Config, embed: torch.Tensor, laye
             expected[f"layers.{i}.self_attn.k_proj.weight"] = (
                 layer.mixer.k, (config.num_kv_heads * config.head_dim, h))
         expected[f"layers.{i}.mlp.up_proj.weight"] = (layer.mlp.up, (config.intermediate_size, h))
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(
-                f"{name} in {folder} has shape {tuple(tensor.shape)}, but config.json implies {shape}; "
-                "the weights and config.json do not belong together"
-            )
+    check_shapes(expected, folder)
