@@ -150,22 +150,23 @@ def read_rope(
 
 def _rope_set(hf_config: Any, model: str, layer_type: str | None) -> tuple[str, Mapping[str, Any]]:
     """``(where, parameters)``: where names the set in errors (``""`` for the one set)."""
-    params = getattr(hf_config, "rope_parameters", None)
-    per_type = isinstance(params, Mapping) and bool(params) and "rope_theta" not in params and all(
+    found = getattr(hf_config, "rope_parameters", None)
+    params: Mapping[str, Any] | None = found if isinstance(found, Mapping) else None
+    per_type = bool(params) and params is not None and "rope_theta" not in params and all(
         isinstance(v, Mapping) for v in params.values()
     )
     if layer_type is None:
-        if per_type:
+        if per_type and params is not None:
             raise TTUnsupportedFeatureError(
                 f"{model}: rope_parameters", dict(params), "one set for all layers",
                 "host reference models use one rotary embedding for every layer of this family",
             )
-        if isinstance(params, Mapping):
+        if params is not None:
             return "", params
         legacy = dict(getattr(hf_config, "rope_scaling", None) or {})
         legacy.setdefault("rope_theta", getattr(hf_config, "rope_theta", None))
         return "", legacy
-    if per_type and isinstance(params, Mapping) and isinstance(params.get(layer_type), Mapping):
+    if per_type and params is not None and isinstance(params.get(layer_type), Mapping):
         return f"rope_parameters[{layer_type!r}].", params[layer_type]
     if layer_type == "sliding_attention":
         return "rope_local_base_freq/", {"rope_theta": getattr(hf_config, "rope_local_base_freq", None)}
