@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from vllm_tt_host.device import HostDeviceOptions, HostMeshDevice, TraceNotCapturedError
-from vllm_tt_host.models.shapes import TraceKey
+from vllm_tt_host.models.frame.shapes import TraceKey
 from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_platform.runner.warmup_report import WarmupReport

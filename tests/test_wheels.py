@@ -31,7 +31,7 @@ EMULATOR_NAMES = ("HostMeshDevice", "HostMeshBackend", "CommandQueue", "load_fau
 weights and tiny-model recipes/builder: defined in the host wheel, in no product wheel."""
 EMULATOR_FILES = ("vllm_tt_host/device.py", "vllm_tt_host/command_queue.py", "vllm_tt_host/backend.py",
                   "vllm_tt_host/fault_loader.py", "vllm_tt_host/tiny.py", "vllm_tt_host/corpus.txt",
-                  "vllm_tt_host/models/synthetic.py", "vllm_tt_host/models/families.py")
+                  "vllm_tt_host/models/frame/synthetic.py", "vllm_tt_host/models/families.py")
 
 
 def defines(source: str, name: str) -> bool:

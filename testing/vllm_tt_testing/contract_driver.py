@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from vllm_tt_host.models.gated_delta import RecurrentState
+from vllm_tt_host.models.qwen3_5.gated_delta import RecurrentState
 
 Spoil = Literal["nan", "noise"]
 """What a dropped (or initially spoiled) block is filled with: NaN shows any read at all, even a

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from vllm_tt_host.models.hybrid_kv import HybridKVCausalLM
+from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 
 from tests.e2e.helpers import offline_llm
 

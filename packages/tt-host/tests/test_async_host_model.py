@@ -12,8 +12,8 @@ from transformers import AutoConfig
 from vllm_tt_host.command_queue import CommandQueue
 from vllm_tt_host.device import HostDeviceOptions, HostMeshDevice
 from vllm_tt_host.models.families import HostLlamaForCausalLM
-from vllm_tt_host.models.readback import DecodeHandle, DeviceReadError, HostReadback
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.readback import DecodeHandle, DeviceReadError, HostReadback
+from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.faults import DelayPoint, Faults
 from vllm_tt_platform.mesh.shape import MeshShape

@@ -16,10 +16,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_modeling
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models import deepseek_v3_moe as ds_moe
-from vllm_tt_host.models.deepseek_v3 import HostDeepseekV3ForCausalLM
-from vllm_tt_host.models.deepseek_v3_config import DeepseekV3Config
-from vllm_tt_host.models.deepseek_v3_moe import RoutedExperts, route, routed_moe
+from vllm_tt_host.models.deepseek_v3 import moe as ds_moe
+from vllm_tt_host.models.deepseek_v3.config import DeepseekV3Config
+from vllm_tt_host.models.deepseek_v3.model import HostDeepseekV3ForCausalLM
+from vllm_tt_host.models.deepseek_v3.moe import RoutedExperts, route, routed_moe
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny
@@ -82,7 +82,7 @@ def test_routing_and_experts_match_transformers(deepseek_dir, hf_deepseek):
 def test_yarn_rope_and_softmax_scale_match_transformers(deepseek_dir, hf_deepseek):
     model = build(deepseek_dir)
     config, decoder = model.config, model.decoder
-    assert isinstance(config, DeepseekV3Config) and config.yarn is not None
+    assert isinstance(config, DeepseekV3Config) and config.rope.yarn is not None
     hf_attention = hf_deepseek.model.layers[0].self_attn
     assert config.softmax_scale == pytest.approx(hf_attention.scaling, rel=1e-12)
     assert config.softmax_scale != pytest.approx(config.mla.qk_head_dim**-0.5)  # the correction is there
@@ -97,7 +97,7 @@ def test_yarn_rope_and_softmax_scale_match_transformers(deepseek_dir, hf_deepsee
 
 
 def test_config_reading_and_refusals(deepseek_dir):
-    config = DeepseekV3Config.from_deepseek_v3(AutoConfig.from_pretrained(deepseek_dir))
+    config = DeepseekV3Config.read(AutoConfig.from_pretrained(deepseek_dir))
     assert (config.num_kv_heads, config.head_dim) == (1, 32 + 16)  # one latent "head" per token
     assert config.dense(0) and not config.dense(1) and config.mla.q_lora_rank == 64
     for bad, error, match in (
@@ -112,7 +112,7 @@ def test_config_reading_and_refusals(deepseek_dir):
         for key, value in bad.items():
             setattr(changed, key, value)
         with pytest.raises(error, match=match):
-            DeepseekV3Config.from_deepseek_v3(changed)
+            DeepseekV3Config.read(changed)
 
 
 # ---- the whole model through the TT contract ---------------------------------------------

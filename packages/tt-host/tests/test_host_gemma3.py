@@ -15,8 +15,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gemma3 import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma3.model import Gemma3Config, Gemma3Decoder, HostGemma3ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import parity_fixtures
@@ -219,11 +219,11 @@ def test_page_tables_per_layer_must_name_every_layer(model):
 
 def test_config_reading(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
-    ours = Gemma3Config.from_hf_text(config)
+    ours = Gemma3Config.read(config)
     assert ours.layer_windows == (32, 32, None)
     assert (ours.rope_of(0).theta, ours.rope_of(2).theta, ours.rope_of(2).rope_type) == (1e4, 1e6, "linear")
     assert ours.rope_of(2).factor == 8.0 and ours.final_logit_softcapping == 30.0
-    assert Gemma3Config.from_hf_text(config, n_layers=2).layer_windows == (32, 32)
+    assert Gemma3Config.read(config, n_layers=2).layer_windows == (32, 32)
     legacy = types.SimpleNamespace(
         **{k: getattr(config, k) for k in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -231,7 +231,7 @@ def test_config_reading(checkpoint):
         )},
         rope_theta=500_000.0, rope_local_base_freq=20_000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
     )
-    old = Gemma3Config.from_hf_text(legacy)
+    old = Gemma3Config.read(legacy)
     assert (old.rope.theta, old.rope.factor, old.local_rope.theta) == (500_000.0, 4.0, 20_000.0)
     for name, value, error in (
         ("use_bidirectional_attention", True, TTUnsupportedFeatureError),
@@ -241,7 +241,7 @@ def test_config_reading(checkpoint):
     ):
         broken = types.SimpleNamespace(**{**vars(legacy), name: value})
         with pytest.raises(error, match=name):
-            Gemma3Config.from_hf_text(broken)
+            Gemma3Config.read(broken)
 
 
 def test_registered_for_the_host_backend():

@@ -18,13 +18,14 @@ from transformers.models.gemma3.modeling_gemma3 import (
     get_block_sequence_ids_for_mask,
 )
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models import HOST_MODELS, paged_kv
-from vllm_tt_host.models.gemma3_vl import (
+from vllm_tt_host.models import HOST_MODELS
+from vllm_tt_host.models.frame import paged_kv
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import image_runs
+from vllm_tt_host.models.gemma3.vl import (
     Gemma3VLConfig,
     HostGemma3ForConditionalGeneration,
-    image_runs,
 )
-from vllm_tt_host.models.shapes import HostModelInputError
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MeshShape
@@ -303,16 +304,16 @@ def test_image_runs():
 
 
 def test_config_reading_and_refusals():
-    config = Gemma3VLConfig.from_hf_vl(tiny_config())
+    config = Gemma3VLConfig.read(tiny_config())
     assert (config.mm_tokens_per_image, config.image_token_id, config.tokens_per_side) == (MM_TOKENS, IMAGE, 4)
     assert config.vision is not None and config.vision.patches_per_side == 8
     assert config.layer_windows == (WINDOW, WINDOW, None)
     bad = tiny_config()
     bad.mm_tokens_per_image = 15
     with pytest.raises(TTConfigError, match="mm_tokens_per_image"):
-        Gemma3VLConfig.from_hf_vl(bad)
+        Gemma3VLConfig.read(bad)
     with pytest.raises(TTConfigError, match="text_config/vision_config"):
-        Gemma3VLConfig.from_hf_vl(tiny_config().text_config)
+        Gemma3VLConfig.read(tiny_config().text_config)
 
 
 def test_registered_for_the_host_backend():

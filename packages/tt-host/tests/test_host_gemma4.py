@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gemma4 import Gemma4Config, Gemma4Decoder, HostGemma4ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma4.model import Gemma4Config, Gemma4Decoder, HostGemma4ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_testing.checkpoints import parity_fixtures
 from vllm_tt_testing.contract_driver import ContractDriver
@@ -74,7 +74,7 @@ def test_config_reads_per_layer_kv_shapes_and_sources(model):
     assert cfg.layer_head_dims == (32, 32, 64, 32, 32, 64)
     assert cfg.layer_kv_heads == (2, 2, 1, 2, 2, 1)
     assert cfg.layer_kv_sources == (0, 1, 2, 3, 3, 2)
-    assert cfg.values_from_keys and cfg.global_rotary_fraction == 0.25
+    assert cfg.values_from_keys and cfg.rope.rotary_fraction == 0.25
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.local_rope.theta) == ("proportional", 1e6, 1e4)
 
 
@@ -87,7 +87,7 @@ def test_prefill_logits_match_transformers_at_every_position(model, hf):
     ("mistake", "changes"),
     [
         ("shared sliding layer reads layer 1", lambda config: {"layer_kv_sources": (0, 1, 2, 3, 1, 2)}),
-        ("whole full head rotates", lambda config: {"global_rotary_fraction": 1.0}),
+        ("whole full head rotates", lambda config: {"rope": dataclasses.replace(config.rope, rotary_fraction=1.0)}),
         ("no sliding window", lambda config: {"layer_windows": (None,) * 6}),
     ],
 )
@@ -148,7 +148,7 @@ def test_kv_cache_spec_omits_shared_layers_and_names_their_targets(checkpoint):
 
 def test_config_reading_refuses_what_the_host_does_not_implement(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
-    assert Gemma4Config.from_hf_gemma4(config, n_layers=5).layer_kv_sources == (0, 1, 2, 3, 3)
+    assert Gemma4Config.read(config, n_layers=5).layer_kv_sources == (0, 1, 2, 3, 3)
     for name, value, error in (
         ("hidden_size_per_layer_input", 256, TTUnsupportedFeatureError),
         ("enable_moe_block", True, TTUnsupportedFeatureError),
@@ -168,7 +168,7 @@ def test_config_reading_refuses_what_the_host_does_not_implement(checkpoint):
         )
         setattr(broken, name, value)
         with pytest.raises(error, match=name):
-            Gemma4Config.from_hf_gemma4(broken)
+            Gemma4Config.read(broken)
 
 
 def test_registered_for_the_host_backend():

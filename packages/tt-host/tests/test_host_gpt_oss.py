@@ -17,10 +17,12 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gpt_oss import modeling_gpt_oss as hf_modeling
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.gpt_oss import HostGptOssForCausalLM, sink_attention
-from vllm_tt_host.models.gpt_oss_config import GptOssConfig
-from vllm_tt_host.models.moe import moe_mlp
-from vllm_tt_host.models.yarn import ScaledRotaryEmbedding, YarnScaling, yarn_frequencies
+from vllm_tt_host.models.frame.moe import moe_mlp
+from vllm_tt_host.models.frame.rope import RotaryEmbedding
+from vllm_tt_host.models.frame.rope_config import YarnScaling
+from vllm_tt_host.models.frame.yarn import yarn_frequencies
+from vllm_tt_host.models.gpt_oss.config import GptOssConfig
+from vllm_tt_host.models.gpt_oss.model import HostGptOssForCausalLM, sink_attention
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny
@@ -59,10 +61,10 @@ def build(gpt_oss_dir: Path, batch: int = 2, lanes: int = 1, mesh: MeshShape | N
 
 def test_yarn_matches_transformers(gpt_oss_dir):
     hf_config = AutoConfig.from_pretrained(gpt_oss_dir)
-    config = GptOssConfig.from_gpt_oss(hf_config)
-    assert config.yarn is not None and not config.yarn.truncate
+    config = GptOssConfig.read(hf_config)
+    assert config.rope.yarn is not None and not config.rope.yarn.truncate
     rotary = hf_modeling.GptOssRotaryEmbedding(hf_config)
-    ours = ScaledRotaryEmbedding.yarn(config.rope.theta, config.head_dim, config.yarn)
+    ours = RotaryEmbedding.of(config.rope, config.head_dim)
     assert torch.equal(ours.inv_freq, rotary.inv_freq) and ours.scale == rotary.attention_scaling
     # Kept, interpolated (/ factor) and blended frequencies all occur in this head.
     plain = 1.0 / config.rope.theta ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim)
@@ -118,10 +120,10 @@ def test_experts_match_transformers(gpt_oss_dir, hf_gpt_oss):
 
 def test_config_reading_and_refusals(gpt_oss_dir):
     hf_config = AutoConfig.from_pretrained(gpt_oss_dir)
-    config = GptOssConfig.from_gpt_oss(hf_config)
+    config = GptOssConfig.read(hf_config)
     assert config.layer_windows == (WINDOW, None) and config.window(0) == WINDOW and config.window(1) is None
     assert (config.moe.num_experts, config.moe.top_k) == (4, 2) and config.qkv_bias and config.o_bias
-    assert GptOssConfig.from_gpt_oss(hf_config, n_layers=1).layer_windows == (WINDOW,)
+    assert GptOssConfig.read(hf_config, n_layers=1).layer_windows == (WINDOW,)
     for bad, match in (
         ({"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config"),
         ({"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types"),
@@ -132,7 +134,7 @@ def test_config_reading_and_refusals(gpt_oss_dir):
         for key, value in bad.items():
             setattr(changed, key, value)
         with pytest.raises(TTConfigError, match=match):
-            GptOssConfig.from_gpt_oss(changed)
+            GptOssConfig.read(changed)
     changed = AutoConfig.from_pretrained(gpt_oss_dir)
     changed.quantization_config = {"quant_method": "mxfp4"}
     with pytest.raises(TTUnsupportedFeatureError, match="MXFP4"):
@@ -221,8 +223,7 @@ def test_greedy_generate_parity_on_text(gpt_oss_dir, hf_gpt_oss):
 
 @pytest.mark.parametrize("wrong", ["no_sinks", "softmax_over_all_experts", "no_yarn", "full_attention"])
 def test_wrong_variants_change_outputs(gpt_oss_dir, hf_gpt_oss, monkeypatch, wrong):
-    from vllm_tt_host.models import moe
-    from vllm_tt_host.models.rope import RotaryEmbedding
+    from vllm_tt_host.models.frame import moe
 
     model = build(gpt_oss_dir)
     decoder = model.decoder

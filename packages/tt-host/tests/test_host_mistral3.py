@@ -15,9 +15,9 @@ import torch
 from transformers import AutoConfig, Mistral3Config, Mistral3ForConditionalGeneration
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.mistral3 import HostMistral3ForConditionalGeneration
-from vllm_tt_host.models.mistral3 import Mistral3Config as HostMistral3Config
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.mistral3.model import HostMistral3ForConditionalGeneration
+from vllm_tt_host.models.mistral3.model import Mistral3Config as HostMistral3Config
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
@@ -253,14 +253,14 @@ def test_image_sizes_crop_padded_pixels(model, hf):
 
 
 def test_config_reading_and_refusals():
-    config = HostMistral3Config.from_hf_vl(tiny_config())
+    config = HostMistral3Config.read(tiny_config())
     assert (config.image_token_id, config.merged_patch, config.feature_layer) == (IMAGE, 8, 2)
     assert (config.family, config.tie_word_embeddings, config.projector_bias) == ("mistral", False, True)
     assert config.vision.head_dim == 8 and config.vision.activation == "silu"
     listed = tiny_config()
     listed.vision_feature_layer = [-1, -2]
     with pytest.raises(TTUnsupportedFeatureError, match="vision_feature_layer"):
-        HostMistral3Config.from_hf_vl(listed)
+        HostMistral3Config.read(listed)
 
 
 def test_registered_for_the_host_backend_and_takes_vllms_processor():

@@ -18,9 +18,9 @@ from vllm_tt_host.models.families import (
     HostQwen2ForCausalLM,
     HostQwen3ForCausalLM,
 )
-from vllm_tt_host.models.gemma3 import HostGemma3ForCausalLM
-from vllm_tt_host.models.generator import HostCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError, PrefillTooLongError, TraceKey
+from vllm_tt_host.models.frame.generator import HostCausalLM
+from vllm_tt_host.models.frame.shapes import HostModelInputError, PrefillTooLongError, TraceKey
+from vllm_tt_host.models.gemma3.model import HostGemma3ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.contract_driver import ContractDriver
@@ -319,7 +319,7 @@ def test_missing_tensor_and_missing_folder_are_named(tiny_checkpoint, tmp_path):
     import shutil
 
     from safetensors.torch import load_file, save_file
-    from vllm_tt_host.models.checkpoint import CheckpointError
+    from vllm_tt_host.models.frame.checkpoint import CheckpointError
 
     folder = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint("qwen3"), folder)
@@ -337,7 +337,7 @@ def test_missing_tensor_and_missing_folder_are_named(tiny_checkpoint, tmp_path):
 
 def test_repo_id_resolves_to_its_local_hub_snapshot(tmp_path, monkeypatch):
     import huggingface_hub.constants
-    from vllm_tt_host.models.checkpoint import resolve_checkpoint_dir
+    from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 
     repo = tmp_path / "models--acme--tiny"
     snapshot = repo / "snapshots" / ("a" * 40)
@@ -349,7 +349,7 @@ def test_repo_id_resolves_to_its_local_hub_snapshot(tmp_path, monkeypatch):
 
 
 def test_legacy_rope_fields_and_unsupported_rope(tiny_checkpoint):
-    from vllm_tt_host.models.config import DecoderConfig
+    from vllm_tt_host.models.frame.config import DecoderConfig
 
     base = dict(
         hidden_size=64,
@@ -372,25 +372,25 @@ def test_legacy_rope_fields_and_unsupported_rope(tiny_checkpoint):
             "original_max_position_embeddings": 8192,
         },
     )
-    config = DecoderConfig.from_hf(legacy, "llama")
+    config = DecoderConfig.read(legacy, "llama")
     assert config.rope.rope_type == "llama3" and config.rope.theta == 500000.0
     assert config.head_dim == 16 and config.kv_groups == 2 and not config.qkv_bias
-    assert DecoderConfig.from_hf(types.SimpleNamespace(**base), "qwen2").qkv_bias
+    assert DecoderConfig.read(types.SimpleNamespace(**base), "qwen2").qkv_bias
     yarn = types.SimpleNamespace(**base, rope_theta=1e6, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(TTUnsupportedFeatureError, match="rope_type='yarn'"):
-        DecoderConfig.from_hf(yarn, "qwen3")
+        DecoderConfig.read(yarn, "qwen3")
     gelu = types.SimpleNamespace(**base, hidden_act="gelu")
     with pytest.raises(TTUnsupportedFeatureError, match="hidden_act"):
-        DecoderConfig.from_hf(gelu, "llama")
+        DecoderConfig.read(gelu, "llama")
 
 
 def test_llama3_frequencies_match_transformers(tiny_checkpoint):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from vllm_tt_host.models.config import DecoderConfig
-    from vllm_tt_host.models.rope import inverse_frequencies
+    from vllm_tt_host.models.frame.config import DecoderConfig
+    from vllm_tt_host.models.frame.rope import inverse_frequencies
 
     hf_config = AutoConfig.from_pretrained(tiny_checkpoint("llama"))
-    config = DecoderConfig.from_hf(hf_config, "llama")
+    config = DecoderConfig.read(hf_config, "llama")
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
     ours = inverse_frequencies(config.rope, config.head_dim)
     assert torch.equal(ours, theirs)
@@ -426,8 +426,8 @@ def test_reading_host_models_imports_no_torch():
 
 @pytest.mark.parametrize("tower", ["siglip", "pixtral"])
 def test_a_vision_activation_the_host_tower_lacks_is_refused(tower):
-    from vllm_tt_host.models.pixtral import PixtralConfig
-    from vllm_tt_host.models.siglip import SiglipConfig
+    from vllm_tt_host.models.gemma3.siglip import SiglipConfig
+    from vllm_tt_host.models.mistral3.pixtral import PixtralConfig
 
     config_cls = {"siglip": SiglipConfig, "pixtral": PixtralConfig}[tower]
     vision = types.SimpleNamespace(_name_or_path="tiny-vl", hidden_act="quick_gelu")

@@ -18,13 +18,14 @@ from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalG
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
-from vllm_tt_host.models.qwen2_5_vl import (
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm
+from vllm_tt_host.models.qwen2_5_vl.model import (
     HostQwen2_5_VLForConditionalGeneration,
     Qwen25VLConfig,
     mrope_positions,
 )
-from vllm_tt_host.models.qwen2_5_vl_vision import PixelNorm, VisionTower
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
 

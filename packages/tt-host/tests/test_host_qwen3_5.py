@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models import HOST_MODELS, gated_delta
-from vllm_tt_host.models.gated_delta import RecurrentState
-from vllm_tt_host.models.qwen3_5 import HostQwen3_5ForCausalLM
-from vllm_tt_host.models.qwen3_5_config import Qwen3_5Config
+from vllm_tt_host.models import HOST_MODELS
+from vllm_tt_host.models.qwen3_5 import gated_delta
+from vllm_tt_host.models.qwen3_5.config import Qwen3_5Config
+from vllm_tt_host.models.qwen3_5.gated_delta import RecurrentState
+from vllm_tt_host.models.qwen3_5.model import HostQwen3_5ForCausalLM
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny
@@ -137,7 +138,7 @@ def test_gated_delta_rule_chunks_compose():
 
 
 def test_config_reading_and_refusals(qwen_dir):
-    config = Qwen3_5Config.from_qwen3_5(AutoConfig.from_pretrained(qwen_dir))
+    config = Qwen3_5Config.read(AutoConfig.from_pretrained(qwen_dir))
     assert config.layer_kinds == ("linear_attention",) * 3 + ("full_attention",)
     assert (config.rotary_dim, config.delta.conv_dim) == (8, 2 * 2 * 32 + 4 * 32)
     for bad, error, match in (
@@ -151,7 +152,7 @@ def test_config_reading_and_refusals(qwen_dir):
         for key, value in bad.items():
             setattr(changed, key, value)
         with pytest.raises(error, match=match):
-            Qwen3_5Config.from_qwen3_5(changed)
+            Qwen3_5Config.read(changed)
 
 
 def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):
@@ -186,7 +187,7 @@ def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):
 
 
 def test_registered_for_the_host_backend():
-    assert HOST_MODELS["TTQwen3_5ForCausalLM"].endswith("qwen3_5:HostQwen3_5ForCausalLM")
+    assert HOST_MODELS["TTQwen3_5ForCausalLM"].endswith("qwen3_5.model:HostQwen3_5ForCausalLM")
     caps = HostQwen3_5ForCausalLM.model_capabilities
     assert caps["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
     assert not caps["supports_prefix_caching"] and not caps["supports_verify_decode"]

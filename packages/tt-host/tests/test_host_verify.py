@@ -12,9 +12,9 @@ from transformers import AutoConfig
 from vllm_tt_host.command_queue import CommandQueue
 from vllm_tt_host.device import HostDeviceOptions, HostMeshDevice, TraceNotCapturedError
 from vllm_tt_host.models.families import HostLlamaForCausalLM
-from vllm_tt_host.models.gemma3 import HostGemma3ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError, TraceKey
-from vllm_tt_host.models.verify import VERIFY_KWARG as HOST_VERIFY_KWARG
+from vllm_tt_host.models.frame.shapes import HostModelInputError, TraceKey
+from vllm_tt_host.models.frame.verify import VERIFY_KWARG as HOST_VERIFY_KWARG
+from vllm_tt_host.models.gemma3.model import HostGemma3ForCausalLM
 from vllm_tt_models_registry.contract import VERIFY_KWARG, check_model_class
 from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.mesh.shape import MeshShape

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.families import HostQwen3ForCausalLM
-from vllm_tt_host.models.shapes import HostModelInputError
+from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_sampling.params import TTSamplingParams

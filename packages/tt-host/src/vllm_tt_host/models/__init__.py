@@ -1,29 +1,30 @@
 """Host reference models: real torch math behind the TT model contract, for the host mesh.
 
-Importing this package stays cheap (no torch): the model registry reads ``HOST_MODELS``
-through the ``vllm_tt.model_sources`` entry point and imports a class only when it is used.
+``frame`` holds what every family shares; each family is one subpackage whose ``__init__``
+declares it (``HostFamily``). ``FAMILIES`` is the registry, one row per family, and
+``HOST_MODELS`` is built from it. Importing this package stays cheap (no torch): the model
+registry reads ``HOST_MODELS`` through the ``vllm_tt.model_sources`` entry point and imports a
+class only when it is used.
 """
 
 from __future__ import annotations
 
-_FAMILIES = "vllm_tt_host.models.families"
+from vllm_tt_host.models import deepseek_v3, gemma3, gemma4, gpt_oss, llama, mistral3, qwen2_5_vl, qwen3_5
+from vllm_tt_host.models.frame.family import HostFamily, host_models
 
-HOST_MODELS: dict[str, str] = {
-    "TTLlamaForCausalLM": f"{_FAMILIES}:HostLlamaForCausalLM",
-    "TTMistralForCausalLM": f"{_FAMILIES}:HostMistralForCausalLM",
-    "TTQwen2ForCausalLM": f"{_FAMILIES}:HostQwen2ForCausalLM",
-    "TTQwen3ForCausalLM": f"{_FAMILIES}:HostQwen3ForCausalLM",
-    "TTGemma3ForCausalLM": "vllm_tt_host.models.gemma3:HostGemma3ForCausalLM",
-    "TTGemma4ForCausalLM": "vllm_tt_host.models.gemma4:HostGemma4ForCausalLM",
-    "TTGemma3ForConditionalGeneration": "vllm_tt_host.models.gemma3_vl:HostGemma3ForConditionalGeneration",
-    "TTQwen2_5_VLForConditionalGeneration": (
-        "vllm_tt_host.models.qwen2_5_vl:HostQwen2_5_VLForConditionalGeneration"
-    ),
-    "TTMistral3ForConditionalGeneration": "vllm_tt_host.models.mistral3:HostMistral3ForConditionalGeneration",
-    "TTGptOssForCausalLM": "vllm_tt_host.models.gpt_oss:HostGptOssForCausalLM",
-    "TTDeepseekV3ForCausalLM": "vllm_tt_host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
-    "TTQwen3_5ForCausalLM": "vllm_tt_host.models.qwen3_5:HostQwen3_5ForCausalLM",
-}
+FAMILIES: tuple[HostFamily, ...] = (
+    llama.FAMILY,
+    gemma3.FAMILY,
+    gemma4.FAMILY,
+    qwen2_5_vl.FAMILY,
+    mistral3.FAMILY,
+    gpt_oss.FAMILY,
+    deepseek_v3.FAMILY,
+    qwen3_5.FAMILY,
+)
+"""The host families, in the order the registry and the docs list them."""
+
+HOST_MODELS: dict[str, str] = host_models(FAMILIES)
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 
-__all__ = ["HOST_MODELS"]
+__all__ = ["FAMILIES", "HOST_MODELS"]

@@ -1,30 +1,14 @@
-"""The four model families host reference models serve; they differ only in config reading
-(``DecoderConfig.from_hf``), so each class just names its family."""
+"""The stable import path of the four Llama-style host classes: bundles name
+``vllm_tt_host.models.families:HostLlamaForCausalLM`` as their ``main_class``. The classes
+live in the ``llama`` family package."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.generator import HostCausalLM
+from vllm_tt_host.models.llama.model import (
+    HostLlamaForCausalLM,
+    HostMistralForCausalLM,
+    HostQwen2ForCausalLM,
+    HostQwen3ForCausalLM,
+)
 
-
-class HostLlamaForCausalLM(HostCausalLM):
-    """Llama 2/3.x: default or llama3 rope, optional attention/MLP bias."""
-
-    family = "llama"
-
-
-class HostMistralForCausalLM(HostCausalLM):
-    """Mistral without a sliding window (v0.2 and later); a window is refused at load."""
-
-    family = "mistral"
-
-
-class HostQwen2ForCausalLM(HostCausalLM):
-    """Qwen 2 / 2.5: bias on the q, k and v projections."""
-
-    family = "qwen2"
-
-
-class HostQwen3ForCausalLM(HostCausalLM):
-    """Qwen 3 (dense): per-head RMSNorm on q and k before rotation."""
-
-    family = "qwen3"
+__all__ = ["HostLlamaForCausalLM", "HostMistralForCausalLM", "HostQwen2ForCausalLM", "HostQwen3ForCausalLM"]

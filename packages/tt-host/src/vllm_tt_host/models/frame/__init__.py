@@ -1,0 +1,1 @@
+"""The shared frame of the host reference models: the generator (the TT model contract), the decoder core, the weight-folder reader, config readers, rope, paged and hybrid KV, MoE routing and vision-tower pieces. Families build on it."""

@@ -1,0 +1,229 @@
+"""``HostDecoder``: the Llama-style decoder math in torch, reading and writing a paged KV cache.
+
+Prefill and decode share every layer op; they differ only in how many query tokens a row has
+and which cache blocks the keys come from. KV is written to the cache first and attention then
+reads it back through the page table, as the device does, so a wrong page table shows up as
+wrong tokens rather than being hidden by a shortcut.
+
+Each layer has its own page table (hybrid KV: vLLM keeps one block table per KV cache group)
+and its own attention kind: full, or a sliding window that reads only the blocks its window
+reaches. Families whose layers differ in more than that (norms, activation, attention scale)
+subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...); a family
+whose layers are not all attention (Qwen 3.5's delta-net) overrides the layer stacks
+(``_prefill_layers``, ``_decode_layers``) and keeps the entry points and their contract.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vllm_tt_host.models.frame import paged_kv
+from vllm_tt_host.models.frame.checkpoint import (
+    AttentionWeights,
+    DecoderWeights,
+    LayerWeights,
+    load_decoder_weights,
+)
+from vllm_tt_host.models.frame.config import DecoderConfig
+from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.norms import rms_norm
+from vllm_tt_host.models.frame.paged_kv import LaneKV
+from vllm_tt_host.models.frame.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class PrefillInserts:
+    """What one prefill row carries beyond its token ids (a vision-language model's images)."""
+
+    index: torch.Tensor
+    """``[m]``: offsets into the row's new tokens whose embeddings are replaced..."""
+    vectors: torch.Tensor
+    """...by these ``[m, hidden]`` (the projected image features, not scaled)."""
+    blocks: torch.Tensor
+    """``[end]``: each position's bidirectional block (-1: causal only); see ``paged_kv.visible``."""
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """One decode step's rows as every layer reads them."""
+
+    live: torch.Tensor
+    """``[B]``: the rows that are not padding (position >= 0); only they write KV or state."""
+    pos: torch.Tensor
+    """``[B]`` long: each row's position; padding rows at 0, so they attend to key 0 only, which
+    keeps their (ignored) output finite."""
+    block_size: int
+    lanes: list[slice]
+    """Each lane's rows of the batch (row ``r`` is in lane ``r // rows_per_lane``)."""
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, kv: Sequence[LaneKV], rows_per_lane: int) -> DecodeRows:
+        batch = positions.shape[0]
+        return cls(
+            live=positions >= 0,
+            pos=positions.clamp(min=0).long(),
+            block_size=paged_kv.block_size(kv[0]),
+            lanes=[slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)],
+        )
+
+
+class HostDecoder:
+    @classmethod
+    def load(cls, folder: Path, config: Any) -> HostDecoder:
+        """This decoder with the weights ``config`` (its family's config) needs from ``folder``;
+        families whose checkpoints hold other tensors override it."""
+        return cls(config, load_decoder_weights(folder, config))
+
+    def __init__(self, config: DecoderConfig, weights: DecoderWeights) -> None:
+        self.config = config
+        self.weights = weights
+        self.rotaries = tuple(
+            RotaryEmbedding.of(config.rope_of(i), config.head_dim_of(i)) for i in range(config.num_layers)
+        )
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        new_tokens: torch.Tensor,
+        start: int,
+        bucket: int,
+        page_rows: Sequence[torch.Tensor],
+        lane_kv: LaneKV,
+        all_positions: bool = False,
+        inserts: PrefillInserts | None = None,
+    ) -> torch.Tensor:
+        """Run one row's tokens ``new_tokens [n]`` at positions ``[start, start+n)``, padded to
+        ``bucket`` positions, attending to ``[0, start+n)`` (a sliding layer: to its window);
+        return the logits ``[V]`` after the last real token, or ``[n, V]`` after each real
+        token with ``all_positions`` (prompt logprobs). ``page_rows`` holds the row's page
+        table of each layer. Only the ``n`` real positions write KV. ``inserts`` replaces some
+        embeddings and lets blocks of positions attend both ways."""
+        n = new_tokens.shape[0]
+        x = self._prefill_layers(new_tokens, start, bucket, page_rows, lane_kv, inserts)
+        if all_positions:
+            return self._logits(x[:n])
+        return self._logits(x[n - 1 : n])[0]
+
+    def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
+                        lane_kv: LaneKV, inserts: PrefillInserts | None) -> torch.Tensor:
+        """The hidden states after the last layer, ``[bucket, hidden]`` (the first ``n`` real)."""
+        n = new_tokens.shape[0]
+        end = start + n
+        positions = start + torch.arange(bucket)
+        # Padding queries see what the last real one sees: their rows stay finite, unread.
+        query_pos = positions.clamp(max=end - 1)[None]
+        ids = F.pad(new_tokens.long(), (0, bucket - n))
+        size = paged_kv.block_size(lane_kv)
+        last_block = math.ceil(end / size)
+
+        x = self._embed(ids)
+        blocks = None
+        if inserts is not None:
+            x[inserts.index] = inserts.vectors.to(x.dtype)
+            blocks = inserts.blocks
+        for index, (layer, (k_cache, v_cache), page_row) in enumerate(
+            zip(self.weights.layers, lane_kv, page_rows, strict=True)
+        ):
+            window = self.config.window(index)
+            first = paged_kv.first_block(torch.tensor([start]), window, size)
+            pages_used, key_pos = paged_kv.key_span(page_row[None], first, last_block - int(first), size)
+            mask = paged_kv.visible(key_pos, query_pos, window, blocks)
+            pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
+            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, positions)
+            if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
+                paged_kv.write(k_cache, pages, offsets, k[:n])
+                paged_kv.write(v_cache, pages, offsets, v[:n])
+            keys = paged_kv.gather(k_cache, pages_used)
+            values = paged_kv.gather(v_cache, pages_used)
+            out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
+            x = self._finish_layer(x, out[0].transpose(0, 1), layer)
+        return x
+
+    @torch.no_grad()
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_tables: Sequence[torch.Tensor],
+        kv: list[LaneKV],
+        rows_per_lane: int,
+    ) -> torch.Tensor:
+        """One token per row: ``tokens [B]`` at ``positions [B]`` (-1 = padding row: no KV
+        write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
+        ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
+        step = DecodeRows.of(positions, kv, rows_per_lane)
+        return self._logits(self._decode_layers(self._embed(tokens.long()), step, page_tables, kv))
+
+    def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
+                       kv: list[LaneKV]) -> torch.Tensor:
+        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``."""
+        live, pos, size = step.live, step.pos, step.block_size
+        for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
+            window = self.config.window(index)
+            first = paged_kv.first_block(pos, window, size)
+            pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
+            mask = paged_kv.visible(key_pos, pos[:, None], window)
+            pages, offsets = paged_kv.locate(page_table, pos, size)
+            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
+            keys, values = [], []
+            for lane, rows in enumerate(step.lanes):
+                k_cache, v_cache = kv[lane][index]
+                write = live[rows]
+                if self.config.kv_source(index) == index:
+                    paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
+                    paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
+                keys.append(paged_kv.gather(k_cache, pages_used[rows]))
+                values.append(paged_kv.gather(v_cache, pages_used[rows]))
+            out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
+            x = self._finish_layer(x, out[:, :, 0, :], layer)
+        return x
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weights.embed[ids]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def _qkv(
+        self, h: torch.Tensor, index: int, layer: LayerWeights, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project ``h [T, H]`` to rotated q ``[T, heads, d]`` and k, v ``[T, kv_heads, d]``."""
+        a: AttentionWeights = layer.attention
+        cfg = self.config
+        tokens = h.shape[0]
+        q = F.linear(h, a.q, a.q_bias).view(tokens, cfg.num_heads, cfg.head_dim)
+        k = F.linear(h, a.k, a.k_bias).view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = F.linear(h, a.v, a.v_bias).view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        if a.q_norm is not None and a.k_norm is not None:
+            q = self._norm(q, a.q_norm)
+            k = self._norm(k, a.k_norm)
+        rotary = self.rotaries[index]
+        return rotary.rotate(q, positions), rotary.rotate(k, positions), v
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, index: int
+    ) -> torch.Tensor:
+        """Grouped-query attention of layer ``index``: ``q [B, heads, Tq, d]`` over
+        ``[B, kv_heads, Tk, d]``, ``mask [B, 1, Tq, Tk]``."""
+        groups = self.config.kv_groups
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=self.config.head_dim**-0.5
+        )
+
+    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``."""
+        a = layer.attention
+        x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
+        return x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._norm(x, self.weights.norm), self.weights.lm_head)

@@ -1,0 +1,13 @@
+"""Gemma 4 text: the Gemma 3 layers with per-layer KV shapes, KV-shared layers and proportional rope."""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTGemma4ForCausalLM": "model:HostGemma4ForCausalLM",
+    },
+    tiny=("gemma4",),
+)

@@ -1,0 +1,13 @@
+"""GPT-OSS: attention sinks, sliding and full layers, YaRN and top-k routed clamped-SwiGLU experts."""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTGptOssForCausalLM": "model:HostGptOssForCausalLM",
+    },
+    tiny=("gpt_oss",),
+)

@@ -1,0 +1,19 @@
+"""Llama-style dense decoders: Llama 2/3.x, Mistral (no sliding window), Qwen 2 / 2.5 and Qwen 3.
+
+They share every layer of the frame's ``HostDecoder``; ``DecoderConfig.read`` reads which
+projections carry a bias and whether q/k are normed per head, so a class only names its family."""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTLlamaForCausalLM": "model:HostLlamaForCausalLM",
+        "TTMistralForCausalLM": "model:HostMistralForCausalLM",
+        "TTQwen2ForCausalLM": "model:HostQwen2ForCausalLM",
+        "TTQwen3ForCausalLM": "model:HostQwen3ForCausalLM",
+    },
+    tiny=("llama", "mistral", "qwen2", "qwen3"),
+)

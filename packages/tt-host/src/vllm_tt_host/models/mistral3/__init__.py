@@ -1,0 +1,13 @@
+"""Mistral 3: the Mistral decoder with the Pixtral tower and a patch-merging projector."""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTMistral3ForConditionalGeneration": "model:HostMistral3ForConditionalGeneration",
+    },
+    tiny=("vllm_tt_testing.tiny_mistral3",),
+)

@@ -1,0 +1,318 @@
+"""Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``) on the host decoder.
+
+The text side is the Qwen 2 decoder with multimodal rotary positions (mRoPE): every position
+has a temporal, a height and a width index, and the rotated pairs of a head are split into
+``mrope_section`` groups turning with one index each. Text tokens have three equal indices
+(plain RoPE); an image's ``t * h * w / merge**2`` placeholder tokens (``image_token_id``) get
+the image's grid coordinates, all offset by where the image starts, and the text after it
+continues from the largest of them plus one. A prompt's positions thus end ``rope_delta``
+away from its length; decode rotates token ``p`` at ``p + rope_delta`` (the contract's
+``rope_deltas_all_users``), and ``prefill_forward`` returns ``(out, rope_deltas)``.
+
+Images: each image's pixel values run through the vision tower (``qwen2_5_vl_vision``) and its
+merged patch vectors replace the embeddings of its placeholder tokens. A prefill pass (a chunk,
+a resume, a prefix-cache hit) gets all the row's images and computes the towers of those whose
+placeholders it covers; the positions of a later chunk come from the images before it, so
+from their grids alone: vLLM sends an image inside the prefix-cache hit with its
+``image_grid_thw`` but no pixels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration as VllmQwen2_5_VL
+from vllm_tt_platform.errors import TTConfigError
+
+from vllm_tt_host.models.frame.checkpoint import (
+    DecoderWeights,
+    WeightFolder,
+    load_decoder_weights,
+)
+from vllm_tt_host.models.frame.config import DecoderConfig, model_name
+from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
+from vllm_tt_host.models.frame.generator import HostCausalLM
+from vllm_tt_host.models.frame.inputs import PrefillRow
+from vllm_tt_host.models.frame.rope import apply_rotary, inverse_frequencies
+from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels, image_runs, per_row
+from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
+from vllm_tt_host.models.qwen2_5_vl.vision import (
+    VisionConfig,
+    VisionTower,
+    load_vision_weights,
+)
+
+TEXT_PREFIXES: tuple[str, ...] = ("model.", "model.language_model.")
+"""Where checkpoints keep the text decoder (transformers 5 saves Qwen2.5-VL with the first)."""
+VISION_PREFIXES: tuple[str, ...] = ("visual.", "model.visual.")
+
+
+@dataclass(frozen=True)
+class Qwen25VLConfig(DecoderConfig):
+    mrope_section: tuple[int, ...] = ()
+    """Rotated pairs per index (temporal, height, width, repeating); sums to ``head_dim / 2``."""
+    vision: VisionConfig = field(kw_only=True)
+    image_token_id: int = -1
+
+    @classmethod
+    def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Qwen25VLConfig:
+        model = model_name(hf_config)
+        text = getattr(hf_config, "text_config", None)
+        vision = getattr(hf_config, "vision_config", None)
+        if text is None or vision is None:
+            raise TTConfigError(f"{model}: text_config/vision_config", None, "both present (model_type qwen2_5_vl)",
+                                "serve a Qwen2.5-VL checkpoint saved by transformers")
+        base = DecoderConfig.read(text, family, n_layers=n_layers)
+        section = tuple(int(s) for s in (getattr(text, "rope_parameters", None) or {}).get("mrope_section") or ())
+        if not section or sum(section) != base.head_dim // 2:
+            raise TTConfigError(f"{model}: rope_parameters.mrope_section", list(section),
+                                f"pair counts summing to head_dim / 2 = {base.head_dim // 2}",
+                                "check the checkpoint's config.json")
+        image_token = getattr(hf_config, "image_token_id", None)
+        if not isinstance(image_token, int) or image_token < 0:
+            raise TTConfigError(f"{model}: image_token_id", image_token, "a token id", "check config.json")
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        fields["tie_word_embeddings"] = tied
+        return cls(**fields, mrope_section=section, vision=VisionConfig.from_hf(vision), image_token_id=image_token)
+
+
+class MultimodalRotary:
+    """mRoPE for every layer of one decoder; the positions of the call in progress are set
+    around it (``at`` for a prefill row, ``shifted`` for a decode batch)."""
+
+    def __init__(self, config: Qwen25VLConfig) -> None:
+        self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
+        self.section = list(config.mrope_section)
+        self._positions: torch.Tensor | None = None
+        self._deltas: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def at(self, positions: torch.Tensor) -> Iterator[None]:
+        """``positions [3, T]``: the indices of the ``T`` query rows the next calls rotate."""
+        self._positions = positions
+        try:
+            yield
+        finally:
+            self._positions = None
+
+    @contextlib.contextmanager
+    def shifted(self, deltas: torch.Tensor) -> Iterator[None]:
+        """Decode: row ``r``'s token at position ``p`` is rotated at ``p + deltas[r]``."""
+        self._deltas = deltas
+        try:
+            yield
+        finally:
+            self._deltas = None
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [T, heads, d]``; ``positions [T]`` are the cache positions."""
+        if self._positions is not None:
+            indices = self._positions
+        elif self._deltas is not None:
+            indices = (positions + self._deltas)[None].expand(3, -1)
+        else:
+            raise RuntimeError("MultimodalRotary used outside at()/shifted(): no mRoPE positions for the call")
+        if indices.shape[1] != x.shape[0]:
+            raise HostModelInputError(f"mRoPE positions cover {indices.shape[1]} rows, the call has {x.shape[0]}")
+        freqs = indices[..., None].to(torch.float32) * self.inv_freq  # [3, T, d/2]
+        chosen = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.section, dim=-1))], dim=-1)
+        angles = torch.cat((chosen, chosen), dim=-1)[:, None, :]
+        return apply_rotary(x, angles.cos(), angles.sin())
+
+
+@dataclass(frozen=True)
+class MropeInserts(PrefillInserts):
+    """A row's image embeddings plus the mRoPE indices of the positions it computes."""
+
+    positions: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(3, 0, dtype=torch.long))
+    """``[3, end - start]``."""
+    delta: int = 0
+    """``max index + 1 - end`` over the row's tokens so far: its decode position offset."""
+
+
+@dataclass(frozen=True)
+class RowImages:
+    """One prefill row's images as the runner sent them, in prompt order."""
+
+    pixels: list[torch.Tensor | None]
+    """None: an image inside the prefix-cache hit (vLLM keeps only its grid)."""
+    grids: list[tuple[int, int, int]]
+
+    @classmethod
+    def of(cls, pixel_values: Any, grid_thw: Any, rows: int) -> list[RowImages]:
+        out = []
+        for row in range(rows):
+            grids = _row_list(grid_thw, row, rows, "image_grid_thw")
+            # No pixel_values at all: every image of the call is inside its row's prefix-cache hit.
+            pixels = [None] * len(grids) if pixel_values is None else _row_list(pixel_values, row, rows,
+                                                                                  "pixel_values")
+            if len(pixels) != len(grids):
+                raise HostModelInputError(f"row {row}: {len(pixels)} pixel_values but {len(grids)} image_grid_thw")
+            out.append(cls([None if p is None else torch.as_tensor(p) for p in pixels], [_grid(g, row) for g in grids]))
+        return out
+
+
+def _grid(value: Any, row: int) -> tuple[int, int, int]:
+    thw = [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
+    if len(thw) != 3:
+        raise HostModelInputError(f"row {row}: image_grid_thw entries are (t, h, w), got {thw}")
+    return thw[0], thw[1], thw[2]
+
+
+def _row_list(values: Any, row: int, rows: int, name: str) -> list[Any]:
+    return list(per_row(values, rows, name)[row] or [])
+
+
+def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config: Qwen25VLConfig,
+                    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The ``[3, len(ids)]`` mRoPE indices of a row's tokens and the ``[first, stop)`` of each
+    image's placeholders; the ``i``-th placeholder run is image ``i`` of ``grids``."""
+    merge = config.vision.merge_size
+    runs = image_runs(ids, config.image_token_id)
+    if len(runs) > len(grids):
+        raise HostModelInputError(f"the tokens hold {len(runs)} image placeholder runs, {len(grids)} images were sent")
+    parts, cursor, next_index = [], 0, 0
+    for (first, stop), (t, h, w) in zip(runs, grids, strict=False):
+        if stop - first != t * h * w // merge**2:
+            raise HostModelInputError(
+                f"an image placeholder run at {first}..{stop} has {stop - first} tokens, its grid {(t, h, w)} "
+                f"gives {t * h * w // merge**2} (or the chunk end cuts an image: the runner must not split one)"
+            )
+        parts.append(torch.arange(first - cursor).expand(3, -1) + next_index)
+        next_index += first - cursor
+        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h // merge), torch.arange(w // merge), indexing="ij")
+        parts.append(torch.stack((tt, hh, ww)).reshape(3, -1) + next_index)
+        next_index += max(h, w) // merge
+        cursor = stop
+    parts.append(torch.arange(ids.shape[0] - cursor).expand(3, -1) + next_index)
+    return torch.cat(parts, dim=1), runs
+
+
+class Qwen25VLDecoder(HostDecoder):
+    config: Qwen25VLConfig
+
+    def __init__(self, config: Qwen25VLConfig, weights: DecoderWeights, tower: VisionTower) -> None:
+        super().__init__(config, weights)
+        self.tower = tower
+        self.mrope = MultimodalRotary(config)
+        self.rotaries = (self.mrope,) * config.num_layers  # type: ignore[assignment]
+        self.slot_deltas = torch.zeros(0, dtype=torch.long)
+        """Each decode slot's mRoPE delta (set by the model: its prefills, ``rope_deltas_all_users``)."""
+
+    @classmethod
+    def load(cls, folder: Path, config: Qwen25VLConfig) -> HostDecoder:
+        return load_qwen2_5_vl_decoder(folder, config)
+
+    def prefill(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Any, lane_kv: Any,
+                all_positions: bool = False, inserts: PrefillInserts | None = None) -> torch.Tensor:
+        if not isinstance(inserts, MropeInserts):
+            raise HostModelInputError("a Qwen2.5-VL prefill row needs its mRoPE positions (MropeInserts)")
+        positions = inserts.positions
+        padded = torch.cat((positions, positions[:, -1:].expand(3, bucket - positions.shape[1])), dim=1)
+        with self.mrope.at(padded):
+            return super().prefill(new_tokens, start, bucket, page_rows, lane_kv, all_positions, inserts)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, page_tables: Any, kv: Any,
+               rows_per_lane: int) -> torch.Tensor:
+        """Row ``r`` (slot ``r``) rotates at its position plus ``slot_deltas[r]``."""
+        with self.mrope.shifted(self.slot_deltas):
+            return super().decode(tokens, positions, page_tables, kv, rows_per_lane)
+
+    def row_inserts(self, ids: torch.Tensor, start: int, images: RowImages, row: int,
+                    run_tower: bool = True) -> MropeInserts:
+        """Row ``row``'s inputs for computing ``[start, len(ids))`` of the token history ``ids``
+        (``run_tower`` false: positions only, for synthetic tokens)."""
+        positions, runs = mrope_positions(ids, images.grids, self.config)
+        live = [k for k, (_, stop) in enumerate(runs) if stop > start and run_tower]  # others: KV cached
+        pixels = computed_pixels({k: images.pixels[k] for k in live}, row, start)
+        index, vectors = [], []
+        for k, image_pixels in zip(live, pixels, strict=True):
+            (first, stop), grid = runs[k], images.grids[k]
+            features = self.tower(image_pixels, grid)
+            lo = max(first, start)
+            index.append(torch.arange(lo, stop) - start)
+            vectors.append(features[lo - first:])
+        end = ids.shape[0]
+        width = self.config.hidden_size
+        return MropeInserts(
+            index=torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
+            vectors=torch.cat(vectors) if vectors else torch.zeros(0, width),
+            blocks=torch.full((end,), -1, dtype=torch.long),
+            positions=positions[:, start:], delta=int(positions.max()) + 1 - end,
+        )
+
+
+def load_qwen2_5_vl_decoder(folder: Path, config: Qwen25VLConfig) -> Qwen25VLDecoder:
+    reader = WeightFolder(folder)
+    text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
+    vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
+    tower = VisionTower(config.vision, load_vision_weights(reader, vision, config.vision),
+                        PixelNorm.of_checkpoint(folder))
+    return Qwen25VLDecoder(config, load_decoder_weights(folder, config, text), tower)
+
+
+
+@vllm_multimodal_processing(VllmQwen2_5_VL)
+class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
+    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
+    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+
+    family = "qwen2"
+    config_type = Qwen25VLConfig
+    decoder_type = Qwen25VLDecoder
+    decoder: Qwen25VLDecoder
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        **HostCausalLM.model_capabilities,
+        "supports_async_decode": False,  # decode rotates with the host's positions
+        "supports_verify_decode": False,  # speculative verify steps: not with mRoPE deltas yet
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decoder.slot_deltas = torch.zeros(self.max_batch_size, dtype=torch.long)
+        self._call_deltas: list[int] = []
+        """The deltas of the prefill call in progress (``prefill_inserts`` computes them)."""
+
+    def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
+                        ) -> list[PrefillInserts | None]:
+        images = RowImages.of(kwargs.get("pixel_values"), kwargs.get("image_grid_thw"), len(rows))
+        inserts = [self.decoder.row_inserts(tokens[i, : row.end].long(), row.start, images[i], i,
+                                            run_tower=self.synthetic is None)
+                   for i, row in enumerate(rows)]
+        self._call_deltas = [i.delta for i in inserts]
+        return list(inserts)
+
+    def prefill_forward(self, tokens: Any, page_table: Any, kv_cache: Any, prompt_lens: Any, start_pos: Any = None,
+                        empty_slots: Any = None, sampling_params: Any = None, enable_trace: bool = False,
+                        **kwargs: Any) -> tuple[Any, torch.Tensor]:
+        """As ``HostCausalLM.prefill_forward``, plus each row's mRoPE delta: ``(out, rope_deltas [B])``."""
+        out = super().prefill_forward(tokens, page_table, kv_cache, prompt_lens, start_pos, empty_slots,
+                                      sampling_params, enable_trace, **kwargs)
+        deltas = torch.tensor(self._call_deltas, dtype=torch.long)
+        count = torch.as_tensor(tokens).shape[0]
+        slots = list(range(count)) if empty_slots is None else [int(s) for s in empty_slots]
+        self.decoder.slot_deltas[slots] = deltas
+        return out, deltas
+
+    def decode_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any, enable_trace: bool = False,
+                       read_from_device: bool = True, sampling_params: Any = None, prompt_tokens: Any = None,
+                       output_tokens: Any = None, reset_batch: bool = False, **kwargs: Any) -> Any:
+        """As ``HostCausalLM.decode_forward``; ``rope_deltas_all_users`` (one int per slot), when
+        sent, replaces the deltas the prefills left."""
+        deltas = kwargs.pop("rope_deltas_all_users", None)
+        if deltas is not None:
+            if len(deltas) != self.max_batch_size:
+                raise HostModelInputError(
+                    f"rope_deltas_all_users has {len(deltas)} entries, the decode batch {self.max_batch_size}"
+                )
+            self.decoder.slot_deltas = torch.tensor([int(d) for d in deltas], dtype=torch.long)
+        return super().decode_forward(tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
+                                      sampling_params, prompt_tokens, output_tokens, reset_batch, **kwargs)

@@ -1,0 +1,14 @@
+"""Qwen 3.5 text: gated delta-net layers over a recurrent state, interleaved with gated
+full-attention layers."""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTQwen3_5ForCausalLM": "model:HostQwen3_5ForCausalLM",
+    },
+    tiny=("qwen3_5",),
+)
