@@ -23,6 +23,7 @@ HOST_MODELS: dict[str, str] = {
     "TTGptOssForCausalLM": "vllm_tt_host.models.gpt_oss:HostGptOssForCausalLM",
     "TTDeepseekV3ForCausalLM": "vllm_tt_host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
     "TTQwen3_5ForCausalLM": "vllm_tt_host.models.qwen3_5:HostQwen3_5ForCausalLM",
+    "TTBertModel": "vllm_tt_host.models.bert.model:HostBertModel",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 
