@@ -77,12 +77,13 @@ def tiny_bert() -> Path:
     return cached("tiny-bert", build_tiny_bert, RECIPE)
 
 
-def inputs_of_lengths(count: int = 16) -> list[str]:
-    """``count`` corpus snippets of different lengths (2 to ~90 words), for parity runs."""
+def inputs_of_lengths(count: int = 16, growth: int = 6) -> list[str]:
+    """``count`` corpus snippets of different lengths (2, 2 + growth, ... words), for parity
+    runs (with the defaults, 4 to 126 tokens)."""
     import vllm_tt_host.tiny as tiny
 
     words = tiny.corpus_text().split()
-    return [" ".join(words[7 * i: 7 * i + 2 + 6 * i]) for i in range(count)]
+    return [" ".join(words[7 * i: 7 * i + 2 + growth * i]) for i in range(count)]
 
 
 def hf_embeddings(folder: Path, texts: Sequence[str], pooling: str = "CLS") -> Any:
