@@ -18,7 +18,7 @@ SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB = 1024
 MAX_POSITIONS = 128
 STAMP = ".vllm-tt-tiny-bert.json"
-RECIPE = {"format": 1, "vocab": VOCAB, "hidden": 64, "layers": 2, "heads": 4, "intermediate": 128,
+RECIPE: dict[str, Any] = {"format": 1, "vocab": VOCAB, "hidden": 64, "layers": 2, "heads": 4, "intermediate": 128,
           "max_positions": MAX_POSITIONS, "init_std": 0.5, "seed": 0}
 """``init_std`` 0.5, not BERT's 0.02: at 0.02 a random encoder gives every input nearly the same
 CLS vector (pairwise cosine 0.99999), which would make a cosine parity check meaningless; at

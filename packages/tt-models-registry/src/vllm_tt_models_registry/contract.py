@@ -319,9 +319,8 @@ POOLING_REQUIRED_METHODS: tuple[str, ...] = ("initialize_vllm_model", "pool_forw
 """Members a pooling model class (``pooling_model``) must define instead: it has no decode and
 no KV cache."""
 
-OPTIONAL_METHODS: tuple[str, ...] = tuple(
-    name for name in CALLS if name not in REQUIRED_METHODS and name not in POOLING_REQUIRED_METHODS
-)
+OPTIONAL_METHODS: tuple[str, ...] = tuple(name for name in CALLS if name not in REQUIRED_METHODS)
+"""Members a generation model may define (a pooling model's ``pool_forward`` among them)."""
 
 
 def check_model_class(

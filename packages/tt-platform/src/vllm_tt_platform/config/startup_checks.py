@@ -108,21 +108,22 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
     model = vllm_config.model_config
     runner = model.runner_type
     convert = getattr(model, "convert_type", "none")
-    if convert not in ("none", "auto"):
-        raise TTUnsupportedFeatureError(
-            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
-            f"remove --convert; serve a checkpoint whose architecture has a TT pooling model ({arch} has none)",
-        )
     if runner == "pooling" and not caps.pooling_model:
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"generate for {arch}, whose model_capabilities do not declare pooling_model",
-            "remove --runner pooling, or serve a model with a TT pooling model (e.g. a BertModel "
+            "remove --runner pooling (and --convert): vLLM's --convert adapters wrap torch modules, which "
+            "TT models are not; serve a checkpoint with a TT pooling model instead (e.g. a BertModel "
             "embedding checkpoint; docs/pooling.md)",
         )
     if runner != "pooling" and caps.pooling_model:
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"pooling for {arch}, a pooling model (embeddings)",
             "serve it with --runner pooling (vllm serve <model> --runner pooling; vllm.LLM(..., runner='pooling'))",
+        )
+    if convert not in ("none", "auto"):
+        raise TTUnsupportedFeatureError(
+            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
+            f"remove --convert; {arch} is served as the pooling model it is",
         )
 
 
