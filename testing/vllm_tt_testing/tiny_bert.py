@@ -47,34 +47,60 @@ def build_tokenizer() -> Any:
     )
 
 
-def build_tiny_bert(out: Path) -> Path:
-    """Write the checkpoint into ``out`` (idempotent: a matching stamp means it is there)."""
-    if built(out, STAMP, RECIPE):
+def _build(out: Path, arch: str, recipe: dict[str, Any]) -> Path:
+    """Write the ``arch`` checkpoint of ``recipe`` into ``out`` (idempotent: a matching stamp
+    means it is there)."""
+    if built(out, STAMP, recipe):
         return out
     import json
 
     import torch
-    from transformers import BertConfig, BertModel
+    import transformers
+    from transformers import BertConfig
 
     tokenizer = build_tokenizer()
     config = BertConfig(
-        vocab_size=len(tokenizer), hidden_size=RECIPE["hidden"], num_hidden_layers=RECIPE["layers"],
-        num_attention_heads=RECIPE["heads"], intermediate_size=RECIPE["intermediate"],
-        max_position_embeddings=MAX_POSITIONS, pad_token_id=tokenizer.pad_token_id, architectures=["BertModel"],
-        initializer_range=RECIPE["init_std"],
+        vocab_size=len(tokenizer), hidden_size=recipe["hidden"], num_hidden_layers=recipe["layers"],
+        num_attention_heads=recipe["heads"], intermediate_size=recipe["intermediate"],
+        max_position_embeddings=MAX_POSITIONS, pad_token_id=tokenizer.pad_token_id, architectures=[arch],
+        initializer_range=recipe["init_std"], num_labels=recipe.get("labels", 2),
     )
-    torch.manual_seed(RECIPE["seed"])
-    model = BertModel(config, add_pooling_layer=False).eval()
+    torch.manual_seed(recipe["seed"])
+    model_cls = getattr(transformers, arch)
+    model = (model_cls(config, add_pooling_layer=False) if arch == "BertModel" else model_cls(config)).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / STAMP).write_text(json.dumps(RECIPE))
+    (out / STAMP).write_text(json.dumps(recipe))
     return out
 
 
 def tiny_bert() -> Path:
-    """The cached tiny BERT checkpoint folder."""
-    return cached("tiny-bert", build_tiny_bert, RECIPE)
+    """The cached tiny BERT embedding checkpoint folder (``BertModel``)."""
+    return cached("tiny-bert", lambda out: _build(out, "BertModel", RECIPE), RECIPE)
+
+
+CROSS_ENCODER_RECIPE: dict[str, Any] = {**RECIPE, "labels": 1, "seed": 1}
+"""One label: a reranker's relevance logit (vLLM and sentence-transformers apply a sigmoid)."""
+
+
+def tiny_cross_encoder() -> Path:
+    """The cached tiny cross-encoder reranker (``BertForSequenceClassification``, one label)."""
+    return cached("tiny-bert-cross-encoder",
+                  lambda out: _build(out, "BertForSequenceClassification", CROSS_ENCODER_RECIPE),
+                  CROSS_ENCODER_RECIPE)
+
+
+def hf_scores(folder: Path, query: str, documents: Sequence[str]) -> Any:
+    """transformers' relevance scores of ``(query, document)`` pairs: sigmoid of the logit (float32 ``[n]``)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    batch = tokenizer([query] * len(documents), list(documents), padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        return torch.sigmoid(model(**batch).logits[:, 0])
 
 
 def inputs_of_lengths(count: int = 16, growth: int = 6) -> list[str]:

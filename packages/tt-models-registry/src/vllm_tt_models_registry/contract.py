@@ -149,8 +149,11 @@ class TTModelExtras(Protocol):
         ``tokens`` int64 ``[B, L]`` (row ``i`` holds ``prompt_lens[i]`` tokens, left-aligned, then
         padding; a padding row has length 0), at one of the fixed shapes warmup ran. Returns the
         last hidden states ``[B, L, H]`` (anything ``torch.as_tensor`` takes); the runner pools
-        them per request (vLLM's pooler config: CLS, MEAN or LAST, then normalisation). No KV
-        cache is read or written. With ``enable_trace`` the call replays the shape's trace, which
+        them per request (vLLM's pooler config: CLS, MEAN or LAST, then normalisation). A model
+        declaring ``pooled_outputs`` returns its head's ``[B, D]`` instead (a classifier's
+        logits; the runner applies vLLM's classification activation). A pair of texts (a
+        cross-encoder's query and document) also gets ``token_type_ids`` int64 ``[B, L]``
+        (1 over the second text). No KV cache is read or written. With ``enable_trace`` the call replays the shape's trace, which
         warmup captured by calling it once per shape with ``enable_trace=True``."""
         ...
 
@@ -283,7 +286,7 @@ CALLS: Mapping[str, CallShape] = {
             on_class=True,
         ),
         CallShape("get_kv_cache_spec", ("vllm_config",), on_class=True),
-        CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace")),
+        CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace"), sometimes=("token_type_ids",)),
         CallShape("warmup_model_pool", keywords=("shapes", "enable_trace")),
         CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),

@@ -24,6 +24,7 @@ HOST_MODELS: dict[str, str] = {
     "TTDeepseekV3ForCausalLM": "vllm_tt_host.models.deepseek_v3:HostDeepseekV3ForCausalLM",
     "TTQwen3_5ForCausalLM": "vllm_tt_host.models.qwen3_5:HostQwen3_5ForCausalLM",
     "TTBertModel": "vllm_tt_host.models.bert.model:HostBertModel",
+    "TTBertForSequenceClassification": "vllm_tt_host.models.bert.model:HostBertForSequenceClassification",
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 

@@ -2,7 +2,8 @@
 
 Every scheduled prompt runs whole in the step that schedules it: the step's prompts are packed
 into ``pool_forward`` calls of the captured (batch, length) shapes (``PoolingShapes.plan``),
-their hidden states pooled per request, and each request finishes with its vector (vLLM's
+their hidden states pooled per request (or, for a model with its own head, its logits put
+through vLLM's classification activation), and each request finishes with its vector (vLLM's
 scheduler stops a pooling request once it has output). No KV cache, no decode, no sampling.
 """
 
@@ -23,7 +24,7 @@ from vllm_tt_platform.config.pooling_shapes import PoolCall, pooling_shapes_of
 from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.runner.device_watch import DeviceWatch
-from vllm_tt_platform.runner.pooler import TASKS, SequencePooler
+from vllm_tt_platform.runner.pooler import ClassifierHead, SequencePooler
 from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)
@@ -35,6 +36,13 @@ class _Prompt:
     token_ids: list[int]
     params: Any
     """The request's ``PoolingParams``."""
+
+    @property
+    def second_text(self) -> tuple[int, int] | None:
+        """A text pair's positions of token type 1 (vLLM's score path sends them compressed)."""
+        extra = getattr(self.params, "extra_kwargs", None) or {}
+        span = extra.get("compressed_token_type_ids")
+        return None if span is None else (int(span[0]), int(span[1]))
 
 
 class TTPoolingRunner:
@@ -50,7 +58,10 @@ class TTPoolingRunner:
         self.model_config = vllm_config.model_config
         self.max_model_len = self.model_config.max_model_len
         self.shapes = pooling_shapes_of(vllm_config, setup.config.pooling_shapes)
-        self.pooler = SequencePooler.of(self.model_config)
+        self.pooled_outputs = setup.capabilities.pooled_outputs
+        self.pooler: SequencePooler | ClassifierHead = (
+            ClassifierHead(self.model_config) if self.pooled_outputs else SequencePooler.of(self.model_config)
+        )
         self.trace = setup.config.trace_mode == "all"
         self.device_watch = DeviceWatch(setup.config.readback_timeout_s)
         self._model: TTModel | None = None
@@ -73,7 +84,7 @@ class TTPoolingRunner:
         return self._model
 
     def supported_tasks(self) -> tuple[str, ...]:
-        return TASKS
+        return self.pooler.tasks
 
     def kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """None: an encoder keeps no KV cache (vLLM then treats the model as attention-free)."""
@@ -108,7 +119,7 @@ class TTPoolingRunner:
 
     def describe(self) -> str:
         """The startup summary's pooling part."""
-        return (f"pooling model ({self.pooler.kind} pooling, tasks {', '.join(TASKS)}), no KV cache; "
+        return (f"pooling model ({self.pooler.kind} pooling, tasks {', '.join(self.pooler.tasks)}), no KV cache; "
                 f"programs at {len(self.shapes.shapes)} shapes (BATCHxLENGTH): {self.shapes.describe()}")
 
     # -- steps -------------------------------------------------------------------------------
@@ -131,7 +142,8 @@ class TTPoolingRunner:
         for call in self.shapes.plan([len(p.token_ids) for p in prompts]):
             hidden = self._run(call, prompts)
             for j, i in enumerate(call.rows):
-                vectors[i] = self.pooler.pool(hidden[j, : len(prompts[i].token_ids)], prompts[i].params)
+                out = hidden[j] if self.pooled_outputs else hidden[j, : len(prompts[i].token_ids)]
+                vectors[i] = self.pooler.pool(out, prompts[i].params)
         req_ids = [p.req_id for p in prompts]
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  pooler_output=vectors)
@@ -149,12 +161,17 @@ class TTPoolingRunner:
         """One ``pool_forward`` at ``call.shape``; rows past the call's prompts are padding (length 0)."""
         tokens = torch.zeros((call.shape.batch, call.shape.length), dtype=torch.int64)
         lens = torch.zeros(call.shape.batch, dtype=torch.int64)
+        types = torch.zeros_like(tokens)
         for j, i in enumerate(call.rows):
             ids = prompts[i].token_ids
             tokens[j, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
             lens[j] = len(ids)
+            if (span := prompts[i].second_text) is not None:
+                types[j, span[0]: span[1]] = 1
+        pairs = {"token_type_ids": types} if any(prompts[i].second_text for i in call.rows) else {}
         with self.device_watch.call("pooling step"):
-            raw = cast(TTModelExtras, self.model).pool_forward(tokens=tokens, prompt_lens=lens, enable_trace=self.trace)
+            raw = cast(TTModelExtras, self.model).pool_forward(tokens=tokens, prompt_lens=lens,
+                                                               enable_trace=self.trace, **pairs)
             return torch.as_tensor(raw, dtype=torch.float32)
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:

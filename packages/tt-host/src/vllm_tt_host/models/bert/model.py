@@ -17,7 +17,14 @@ from torch.nn import functional as F
 
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.bert.config import EncoderConfig
-from vllm_tt_host.models.bert.weights import EncoderWeights, Norm, load_encoder_weights
+from vllm_tt_host.models.bert.weights import (
+    CheckpointTensors,
+    ClassifierWeights,
+    EncoderWeights,
+    Norm,
+    load_classifier_weights,
+    load_encoder_weights,
+)
 from vllm_tt_host.models.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.shapes import HostModelInputError, TraceKey
 from vllm_tt_host.models.vllm_surface import VllmInspectionSurface
@@ -38,12 +45,13 @@ class HostBertModel(VllmInspectionSurface):
     attn_type: ClassVar[str] = "encoder_only"
 
     def __init__(self, config: EncoderConfig, weights: EncoderWeights, mesh_device: HostMeshDevice,
-                 vllm_config: Any = None) -> None:
+                 head: ClassifierWeights | None = None, vllm_config: Any = None) -> None:
         """Built by ``initialize_vllm_model``; ``vllm_config`` is named only for vLLM's class inspection."""
         if vllm_config is not None:
             raise TypeError(f"{type(self).__name__} is built by initialize_vllm_model(), not by vLLM's loader")
         self.config = config
         self.weights = weights
+        self.head = head
         self.mesh_device = mesh_device
 
     @classmethod
@@ -56,8 +64,13 @@ class HostBertModel(VllmInspectionSurface):
                 f"max_seq_len {max_seq_len} exceeds the encoder's max_position_embeddings "
                 f"{config.max_positions}; serve with --max-model-len {config.max_positions} or less"
             )
-        folder = resolve_checkpoint_dir(getattr(hf_config, "_name_or_path", ""))
-        return cls(config, load_encoder_weights(folder, config), mesh_device)
+        tensors = CheckpointTensors(resolve_checkpoint_dir(getattr(hf_config, "_name_or_path", "")))
+        return cls(config, load_encoder_weights(tensors, config), mesh_device, head=cls._head(tensors))
+
+    @classmethod
+    def _head(cls, tensors: CheckpointTensors) -> ClassifierWeights | None:
+        """The weights on top of the encoder (none: the hidden states are the output)."""
+        return None
 
     def warmup_model_pool(self, shapes: Sequence[tuple[int, int]], enable_trace: bool) -> None:
         """Run every ``(batch, length)`` program once; with ``enable_trace``, capture its trace."""
@@ -78,7 +91,11 @@ class HostBertModel(VllmInspectionSurface):
             )
         if enable_trace:
             self.mesh_device.replay_trace(pool_trace(batch, length))
-        return self._encode(tokens, lens, token_type_ids)
+        hidden = self._encode(tokens, lens, token_type_ids)
+        if self.head is None:
+            return hidden
+        # transformers' BertForSequenceClassification: the pooler's tanh(dense(CLS)), then the classifier.
+        return self.head.classifier(torch.tanh(self.head.pooler(hidden[:, 0])))
 
     @torch.inference_mode()
     def _encode(self, tokens: torch.Tensor, lens: torch.Tensor, token_type_ids: Any) -> torch.Tensor:
@@ -100,6 +117,17 @@ class HostBertModel(VllmInspectionSurface):
             x = _norm(x + layer.attn_out(context), layer.attn_norm, cfg.layer_norm_eps)
             x = _norm(x + layer.down(F.gelu(layer.up(x))), layer.out_norm, cfg.layer_norm_eps)
         return x
+
+
+class HostBertForSequenceClassification(HostBertModel):
+    """transformers' ``BertForSequenceClassification`` (a cross-encoder reranker, bge-reranker's
+    shape with a BERT encoder): ``pool_forward`` returns the classifier's logits ``[B, labels]``."""
+
+    model_capabilities: ClassVar[dict[str, Any]] = {"pooling_model": True, "pooled_outputs": True}
+
+    @classmethod
+    def _head(cls, tensors: CheckpointTensors) -> ClassifierWeights | None:
+        return load_classifier_weights(tensors)
 
 
 def _norm(x: torch.Tensor, norm: Norm, eps: float) -> torch.Tensor:

@@ -50,47 +50,69 @@ class EncoderWeights:
     layers: tuple[EncoderLayerWeights, ...]
 
 
-def load_encoder_weights(folder: Path, config: EncoderConfig) -> EncoderWeights:
-    from safetensors.torch import load_file
+@dataclass(frozen=True)
+class ClassifierWeights:
+    """``BertForSequenceClassification``'s head: the pooler (CLS -> dense -> tanh), then the classifier."""
 
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
-    prefix = next((p for p in _PREFIXES if f"{p}embeddings.word_embeddings.weight" in tensors), None)
-    if prefix is None:
-        raise CheckpointError(f"no BERT embeddings (embeddings.word_embeddings.weight) in the safetensors of {folder}")
+    pooler: Linear
+    classifier: Linear
 
-    def get(name: str) -> torch.Tensor:
-        full = prefix + name
-        if full not in tensors:
-            raise CheckpointError(f"tensor {full!r} is missing from the checkpoint in {folder}")
-        return tensors[full].to(torch.float32).contiguous()
 
-    def linear(name: str) -> Linear:
-        return Linear(get(f"{name}.weight"), get(f"{name}.bias"))
+class CheckpointTensors:
+    """A checkpoint folder's tensors by their ``BertModel`` names, whatever prefix it saved them under."""
 
-    def norm(name: str) -> Norm:
-        return Norm(get(f"{name}.weight"), get(f"{name}.bias"))
+    def __init__(self, folder: Path) -> None:
+        from safetensors.torch import load_file
 
+        self.folder = folder
+        self._tensors: dict[str, torch.Tensor] = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            self._tensors.update(load_file(str(file)))
+        prefix = next((p for p in _PREFIXES if f"{p}embeddings.word_embeddings.weight" in self._tensors), None)
+        if prefix is None:
+            raise CheckpointError(f"no BERT embeddings (embeddings.word_embeddings.weight) in the safetensors of {folder}")
+        self.prefix = prefix
+
+    def get(self, name: str, *, encoder: bool = True) -> torch.Tensor:
+        """Tensor ``name``; ``encoder=False`` for a head's tensors, saved outside the prefix."""
+        full = self.prefix + name if encoder else name
+        if full not in self._tensors:
+            raise CheckpointError(f"tensor {full!r} is missing from the checkpoint in {self.folder}")
+        return self._tensors[full].to(torch.float32).contiguous()
+
+    def linear(self, name: str, *, encoder: bool = True) -> Linear:
+        return Linear(self.get(f"{name}.weight", encoder=encoder), self.get(f"{name}.bias", encoder=encoder))
+
+    def norm(self, name: str) -> Norm:
+        return Norm(self.get(f"{name}.weight"), self.get(f"{name}.bias"))
+
+
+def load_encoder_weights(tensors: CheckpointTensors, config: EncoderConfig) -> EncoderWeights:
     layers = tuple(
         EncoderLayerWeights(
-            query=linear(f"encoder.layer.{i}.attention.self.query"),
-            key=linear(f"encoder.layer.{i}.attention.self.key"),
-            value=linear(f"encoder.layer.{i}.attention.self.value"),
-            attn_out=linear(f"encoder.layer.{i}.attention.output.dense"),
-            attn_norm=norm(f"encoder.layer.{i}.attention.output.LayerNorm"),
-            up=linear(f"encoder.layer.{i}.intermediate.dense"),
-            down=linear(f"encoder.layer.{i}.output.dense"),
-            out_norm=norm(f"encoder.layer.{i}.output.LayerNorm"),
+            query=tensors.linear(f"encoder.layer.{i}.attention.self.query"),
+            key=tensors.linear(f"encoder.layer.{i}.attention.self.key"),
+            value=tensors.linear(f"encoder.layer.{i}.attention.self.value"),
+            attn_out=tensors.linear(f"encoder.layer.{i}.attention.output.dense"),
+            attn_norm=tensors.norm(f"encoder.layer.{i}.attention.output.LayerNorm"),
+            up=tensors.linear(f"encoder.layer.{i}.intermediate.dense"),
+            down=tensors.linear(f"encoder.layer.{i}.output.dense"),
+            out_norm=tensors.norm(f"encoder.layer.{i}.output.LayerNorm"),
         )
         for i in range(config.num_layers)
     )
     weights = EncoderWeights(
-        word=get("embeddings.word_embeddings.weight"), position=get("embeddings.position_embeddings.weight"),
-        token_type=get("embeddings.token_type_embeddings.weight"), embed_norm=norm("embeddings.LayerNorm"),
-        layers=layers,
+        word=tensors.get("embeddings.word_embeddings.weight"),
+        position=tensors.get("embeddings.position_embeddings.weight"),
+        token_type=tensors.get("embeddings.token_type_embeddings.weight"),
+        embed_norm=tensors.norm("embeddings.LayerNorm"), layers=layers,
     )
     if tuple(weights.word.shape) != (config.vocab_size, config.hidden_size):
-        raise CheckpointError(f"embeddings.word_embeddings.weight in {folder} is {tuple(weights.word.shape)}, "
-                              f"config.json says ({config.vocab_size}, {config.hidden_size})")
+        raise CheckpointError(f"embeddings.word_embeddings.weight in {tensors.folder} is "
+                              f"{tuple(weights.word.shape)}, config.json says ({config.vocab_size}, {config.hidden_size})")
     return weights
+
+
+def load_classifier_weights(tensors: CheckpointTensors) -> ClassifierWeights:
+    return ClassifierWeights(pooler=tensors.linear("pooler.dense"),
+                             classifier=tensors.linear("classifier", encoder=False))
