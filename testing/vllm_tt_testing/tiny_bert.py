@@ -63,8 +63,9 @@ def _build(out: Path, arch: str, recipe: dict[str, Any]) -> Path:
         vocab_size=len(tokenizer), hidden_size=recipe["hidden"], num_hidden_layers=recipe["layers"],
         num_attention_heads=recipe["heads"], intermediate_size=recipe["intermediate"],
         max_position_embeddings=MAX_POSITIONS, pad_token_id=tokenizer.pad_token_id, architectures=[arch],
-        initializer_range=recipe["init_std"], num_labels=recipe.get("labels", 2),
+        initializer_range=recipe["init_std"],
     )
+    config.num_labels = recipe.get("labels", 2)
     torch.manual_seed(recipe["seed"])
     model_cls = getattr(transformers, arch)
     model = (model_cls(config, add_pooling_layer=False) if arch == "BertModel" else model_cls(config)).eval()

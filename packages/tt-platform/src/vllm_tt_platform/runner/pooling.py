@@ -142,8 +142,8 @@ class TTPoolingRunner:
         for call in self.shapes.plan([len(p.token_ids) for p in prompts]):
             hidden = self._run(call, prompts)
             for j, i in enumerate(call.rows):
-                out = hidden[j] if self.pooled_outputs else hidden[j, : len(prompts[i].token_ids)]
-                vectors[i] = self.pooler.pool(out, prompts[i].params)
+                row = hidden[j] if self.pooled_outputs else hidden[j, : len(prompts[i].token_ids)]
+                vectors[i] = self.pooler.pool(row, prompts[i].params)
         req_ids = [p.req_id for p in prompts]
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  pooler_output=vectors)
