@@ -66,8 +66,6 @@ class TTPoolingRunner:
         self.device_watch = DeviceWatch(setup.config.readback_timeout_s)
         self._model: TTModel | None = None
         self._prompts: dict[str, _Prompt] = {}
-        self.spec_settings = None
-        """No speculative decoding (the worker's summary reads it)."""
 
     # -- setup -------------------------------------------------------------------------------
     def load_model(self) -> None:
