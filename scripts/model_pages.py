@@ -47,6 +47,8 @@ FEATURES: dict[str, Feature] = {
     "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
     "supports_verify_decode": Feature("Speculative decoding (verify steps)", "speculative-decoding.md"),
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
+    "pooling_model": Feature("Pooling model (embeddings)", "pooling.md"),
+    "pooled_outputs": Feature("Pooling head (classifier, reranker)", "pooling.md#rerankers-score-and-rerank"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
 }
 

@@ -67,7 +67,7 @@ def test_a_pooling_request_is_refused_by_name():
     from vllm_tt_platform.errors import TTUnsupportedFeatureError
     from vllm_tt_platform.platform import TTPlatform
 
-    with pytest.raises(TTUnsupportedFeatureError, match="PoolingParams.*pooling requests are not supported"):
+    with pytest.raises(TTUnsupportedFeatureError, match="PoolingParams.*--runner pooling"):
         TTPlatform.validate_request(None, PoolingParams())
 
 

@@ -1,5 +1,5 @@
 """The family declarations: ``HOST_MODELS`` is built from them, each names classes of its own
-subpackage built on the frame, and each points at the tiny checkpoints its parity tests use."""
+subpackage built on the frame (a decoder) or a pooling model, and each points at the tiny checkpoints its parity tests use."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_a_family_serves_classes_of_its_own_subpackage_on_the_frame(family: Host
         module, name = target.split(":")
         assert module.startswith(family.package + "."), (arch, target)
         cls = getattr(importlib.import_module(module), name)
-        assert arch.startswith("TT") and issubclass(cls, HostCausalLM), (arch, cls)
+        on_frame = issubclass(cls, HostCausalLM) or cls.model_capabilities.get("pooling_model")  # encoders pool
+        assert arch.startswith("TT") and on_frame, (arch, cls)
 
 
 def test_every_tiny_recipe_belongs_to_one_family():

@@ -197,3 +197,40 @@ def test_optional_member_that_is_not_callable_is_refused(generator_cls: type) ->
     broken = type("Broken", (generator_cls,), {"read_decode_output": 3})
     with pytest.raises(ContractError, match="Broken.read_decode_output is not a method"):
         check_model_class(broken, owner="t")
+
+
+class _Encoder:
+    """A pooling model: no decode, no KV cache."""
+
+    model_capabilities = {"pooling_model": True}
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int, **kwargs: Any) -> Any:
+        return cls()
+
+    def pool_forward(self, tokens: Any, prompt_lens: Any, enable_trace: bool = False, **kwargs: Any) -> Any:
+        return tokens
+
+    def warmup_model_pool(self, shapes: Any, enable_trace: bool) -> None:
+        pass
+
+
+def test_pooling_model_needs_no_decode_or_kv_cache() -> None:
+    assert check_model_class(_Encoder, owner="test").pooling_model
+
+
+def test_pooling_model_without_pool_forward_is_refused() -> None:
+    stripped = type("NoPool", (), {k: v for k, v in vars(_Encoder).items() if k != "pool_forward"})
+    with pytest.raises(ContractError) as info:
+        check_model_class(stripped, owner="bundle P")
+    assert "has no method pool_forward()" in info.value.problem
+    assert "every TT pooling model implements initialize_vllm_model, pool_forward" in info.value.fix
+
+
+def test_pool_forward_must_take_the_runner_keywords() -> None:
+    def pool_forward(self: Any, tokens: Any) -> Any:
+        return tokens
+
+    bad = type("BadPool", (), {**dict(vars(_Encoder)), "pool_forward": pool_forward})
+    with pytest.raises(ContractError, match="pool_forward"):
+        check_model_class(bad, owner="bundle P")

@@ -49,6 +49,15 @@ class ModelCapabilities:
     after every position, writing the KV of every real one; needed for ``--speculative-config``."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
+    pooling_model: bool = False
+    """A pooling model (embeddings, rerankers, classifiers; served with ``--runner pooling``):
+    it runs prefill-only programs through ``pool_forward`` at fixed (batch, length) shapes and
+    has no decode and no KV cache (``decode_forward`` and ``allocate_kv_cache`` are not called)."""
+    pooled_outputs: bool = False
+    """A pooling model whose ``pool_forward`` applies its own head and returns one vector per
+    row ``[B, D]`` (a sequence classifier's logits, e.g. a cross-encoder reranker's score)
+    instead of hidden states; served as vLLM's ``classify`` task (``/classify``, ``/score``,
+    ``/rerank``)."""
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)
     """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
     needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""

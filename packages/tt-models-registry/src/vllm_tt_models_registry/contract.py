@@ -22,6 +22,7 @@ __all__ = [
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
+    "POOLING_REQUIRED_METHODS",
     "REQUIRED_METHODS",
     "CallShape",
     "ContractError",
@@ -143,8 +144,27 @@ class TTModelExtras(Protocol):
         """Turn a device handle or a ``read_decode_output`` result into host tensors."""
         ...
 
+    def pool_forward(self, tokens: Any, prompt_lens: Any, enable_trace: bool = False, **kwargs: Any) -> Any:
+        """A pooling model's one program (``pooling_model``): a whole-prompt forward pass over
+        ``tokens`` int64 ``[B, L]`` (row ``i`` holds ``prompt_lens[i]`` tokens, left-aligned, then
+        padding; a padding row has length 0), at one of the fixed shapes warmup ran. Returns the
+        last hidden states ``[B, L, H]`` (anything ``torch.as_tensor`` takes); the runner pools
+        them per request (vLLM's pooler config: CLS, MEAN or LAST, then normalisation). A model
+        declaring ``pooled_outputs`` returns its head's ``[B, D]`` instead (a classifier's
+        logits; the runner applies vLLM's classification activation). A pair of texts (a
+        cross-encoder's query and document) also gets ``token_type_ids`` int64 ``[B, L]``
+        (1 over the second text). No KV cache is read or written. With ``enable_trace`` the call replays the shape's trace, which
+        warmup captured by calling it once per shape with ``enable_trace=True``."""
+        ...
+
     def warmup_model_prefill(self, kv_cache: Any, enable_trace: bool, can_sample_on_device: bool) -> None:
         """Compile (and with ``enable_trace``, capture) the prefill programs before serving."""
+        ...
+
+    def warmup_model_pool(self, shapes: Any, enable_trace: bool) -> None:
+        """A pooling model's warmup: compile the ``pool_forward`` program of every
+        ``(batch, length)`` in ``shapes`` (and with ``enable_trace``, capture its trace). The
+        runner serves only these shapes."""
         ...
 
     def warmup_model_decode(
@@ -266,6 +286,8 @@ CALLS: Mapping[str, CallShape] = {
             on_class=True,
         ),
         CallShape("get_kv_cache_spec", ("vllm_config",), on_class=True),
+        CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace"), sometimes=("token_type_ids",)),
+        CallShape("warmup_model_pool", keywords=("shapes", "enable_trace")),
         CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
@@ -296,7 +318,12 @@ REQUIRED_METHODS: tuple[str, ...] = (
 """Members every model class must define (``allocate_kv_cache_per_layer`` may stand in for
 ``allocate_kv_cache``)."""
 
+POOLING_REQUIRED_METHODS: tuple[str, ...] = ("initialize_vllm_model", "pool_forward")
+"""Members a pooling model class (``pooling_model``) must define instead: it has no decode and
+no KV cache."""
+
 OPTIONAL_METHODS: tuple[str, ...] = tuple(name for name in CALLS if name not in REQUIRED_METHODS)
+"""Members a generation model may define (a pooling model's ``pool_forward`` among them)."""
 
 
 def check_model_class(
@@ -311,7 +338,12 @@ def check_model_class(
     if not inspect.isclass(model_cls):
         raise ContractError(owner, f"{model_cls!r} is not a class", "point it at a class")
     name = model_cls.__qualname__
-    for member in REQUIRED_METHODS:
+    try:
+        capabilities = ModelCapabilities.of(model_cls, overrides)
+    except ContractError as exc:
+        raise ContractError(owner, f"class {name}.{exc.problem}", exc.fix) from exc
+    required, kind = (POOLING_REQUIRED_METHODS, "pooling") if capabilities.pooling_model else (REQUIRED_METHODS, "")
+    for member in required:
         if member == "allocate_kv_cache" and callable(
             getattr(model_cls, "allocate_kv_cache_per_layer", None)
         ):
@@ -320,13 +352,9 @@ def check_model_class(
             raise ContractError(
                 owner,
                 f"class {name} has no method {member}()",
-                f"implement {CALLS[member].render()}; every TT model implements "
-                f"{', '.join(REQUIRED_METHODS)} (docs/bundles.md, the TTModel protocol)",
+                f"implement {CALLS[member].render()}; every TT {kind + ' ' if kind else ''}model implements "
+                f"{', '.join(required)} (docs/bundles.md, the TTModel protocol)",
             )
-    try:
-        capabilities = ModelCapabilities.of(model_cls, overrides)
-    except ContractError as exc:
-        raise ContractError(owner, f"class {name}.{exc.problem}", exc.fix) from exc
     for member, shape in CALLS.items():
         if hasattr(model_cls, member):
             _check_callable_as(model_cls, shape, owner)

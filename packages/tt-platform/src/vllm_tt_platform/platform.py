@@ -87,7 +87,8 @@ class TTPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        from vllm_tt_platform.config.request_checks import check_images, check_request
+        from vllm_tt_platform.config.request_checks import check_images, check_pooling_prompt, check_request
 
         check_request(params)
         check_images(processed_inputs)
+        check_pooling_prompt(processed_inputs)

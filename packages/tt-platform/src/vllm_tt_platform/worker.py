@@ -23,6 +23,7 @@ from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh import peer_watch
 from vllm_tt_platform.mesh.backend import make_backend
 from vllm_tt_platform.runner.model_runner import TTModelRunner
+from vllm_tt_platform.runner.pooling import TTPoolingRunner
 
 logger = init_logger("vllm." + __name__)
 
@@ -34,7 +35,7 @@ class TTWorker(WorkerBase):
         self.setup = resolve_setup(vllm_config)
         self.backend = make_backend(self.setup.config)
         self.mesh_device: Any = None
-        self._runner: TTModelRunner | None = None
+        self._runner: TTModelRunner | TTPoolingRunner | None = None
 
     def init_device(self) -> None:
         init_distributed_environment(
@@ -43,14 +44,15 @@ class TTWorker(WorkerBase):
         )
         ensure_model_parallel_initialized(1, 1)
         self.mesh_device = self.backend.open(self.setup.topology.mesh)
-        self._runner = TTModelRunner(self.vllm_config, self.setup, self.mesh_device)
+        runner_cls = TTPoolingRunner if self.setup.capabilities.pooling_model else TTModelRunner
+        self._runner = runner_cls(self.vllm_config, self.setup, self.mesh_device)
         watch = data_parallel.peer_watch(self.vllm_config)
         if watch is not None:
             peer_watch.start(watch)
 
     @property
-    def runner(self) -> TTModelRunner:
-        """The model runner, created when ``init_device`` opens the mesh."""
+    def runner(self) -> TTModelRunner | TTPoolingRunner:
+        """The model runner (a pooling model's own one), created when ``init_device`` opens the mesh."""
         if self._runner is None:
             raise RuntimeError("TTWorker.init_device() has not run: there is no model runner yet")
         return self._runner
@@ -94,6 +96,12 @@ class TTWorker(WorkerBase):
 
     def _log_startup_summary(self, warmup_s: float) -> None:
         s = self.setup
+        if isinstance(self.runner, TTPoolingRunner):
+            logger.info("TT backend: %s backend (%s), %s; model %s from %s; %s; trace_mode=%s; warmup %.1fs; "
+                        "options: %s", s.config.mesh_backend, s.config.origin("mesh_backend"), s.topology.describe(),
+                        s.model.arch, s.model.source, self.runner.describe(), s.config.trace_mode, warmup_s,
+                        s.config.summary())
+            return
         logger.info(
             "TT backend: %s backend (%s), %s; model %s from %s; sampling %s; trace_mode=%s; "
             "speculation %s; warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
@@ -117,6 +125,8 @@ class TTWorker(WorkerBase):
         return self.runner.sample_tokens(grammar_output)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
+        if isinstance(self.runner, TTPoolingRunner):
+            return self.runner.supported_tasks()
         return ("generate",)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

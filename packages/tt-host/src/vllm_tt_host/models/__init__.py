@@ -9,7 +9,7 @@ class only when it is used.
 
 from __future__ import annotations
 
-from vllm_tt_host.models import deepseek_v3, gemma3, gemma4, gpt_oss, llama, mistral3, qwen2_5_vl, qwen3_5
+from vllm_tt_host.models import bert, deepseek_v3, gemma3, gemma4, gpt_oss, llama, mistral3, qwen2_5_vl, qwen3_5
 from vllm_tt_host.models.frame.family import HostFamily, host_models
 
 FAMILIES: tuple[HostFamily, ...] = (
@@ -21,6 +21,7 @@ FAMILIES: tuple[HostFamily, ...] = (
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,
     qwen3_5.FAMILY,
+    bert.FAMILY,
 )
 """The host families, in the order the registry and the docs list them."""
 

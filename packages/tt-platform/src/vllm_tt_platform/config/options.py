@@ -16,6 +16,7 @@ from typing import Any
 from vllm_tt_scheduler.options import PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
+from vllm_tt_platform.config.pooling_shapes import parse_shapes
 from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.backend import option_tables
@@ -106,6 +107,12 @@ class TTConfig:
         "policy; `prefill_hold` is then unused). Unset: the step-counted policy. "
         "See docs/scheduling.md.", check=parse_device_time,
         allowed="`served`; `llama-3.1-8b`, `llama-3.3-70b`; `<model>@<MESH_DEVICE preset>`; a duration (`40ms`)"))
+    pooling_shapes: str | None = field(default=None, metadata=option(
+        "Pooling models (`--runner pooling`): the `BATCHxLENGTH` shapes of the prefill-only "
+        "programs warmup captures, comma-separated (`1x128,8x128,4x512`). A prompt is padded to "
+        "the shortest length holding it; one longer than the longest shape is refused (HTTP 400). "
+        "Unset: batches 1, 2, 4, 8 (up to `--max-num-seqs`) times lengths 32, 64, ... up to "
+        "`--max-model-len`.", check=parse_shapes, allowed="`BATCHxLENGTH[,BATCHxLENGTH...]`"))
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"internal": True})
     """Where each option's value came from: `set`, `env` or `default`."""
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False, metadata={"internal": True})

@@ -33,11 +33,15 @@ class RequestRules:
     """Most prompt tokens one image may span (placeholders, and with Gemma 3's pan-and-scan the
     crops and the text between them): images are never split over prefill chunks, so a longer
     one could never be scheduled and would wait forever. None: not a multimodal model."""
+    pooling_max_len: int | None = None
+    """A pooling model's longest program shape (``pooling_shapes``): the longest prompt it
+    takes. None: a generation model."""
 
     @classmethod
-    def of(cls, arch: str, caps: ModelCapabilities, image_tokens_per_pass: int | None = None) -> RequestRules:
+    def of(cls, arch: str, caps: ModelCapabilities, image_tokens_per_pass: int | None = None,
+           pooling_max_len: int | None = None) -> RequestRules:
         return cls(arch=arch, prompt_logprobs=caps.supports_prompt_logprobs,
-                   image_tokens_per_pass=image_tokens_per_pass)
+                   image_tokens_per_pass=image_tokens_per_pass, pooling_max_len=pooling_max_len)
 
 
 _installed: RequestRules | None = None
@@ -69,6 +73,23 @@ def check_images(processed_inputs: Any, rules: RequestRules | None = None) -> No
             )
 
 
+def check_pooling_prompt(processed_inputs: Any, rules: RequestRules | None = None) -> None:
+    """Refuse a pooling prompt longer than the longest program shape (it could never run: the
+    device runs captured shapes only), naming the limit and the option that raises it."""
+    rules = _installed if rules is None else rules
+    if rules is None or rules.pooling_max_len is None or not isinstance(processed_inputs, dict):
+        return
+    tokens = processed_inputs.get("prompt_token_ids")
+    if tokens is not None and len(tokens) > rules.pooling_max_len:
+        raise TTUnsupportedRequestError(
+            f"the input is {len(tokens)} tokens long, longer than the longest pooling shape of "
+            f"{rules.arch} ({rules.pooling_max_len} tokens). Shorten the input (or send "
+            f"truncate_prompt_tokens), or serve with a longer shape in "
+            f"--additional-config.tt.pooling_shapes (up to --max-model-len).",
+            parameter="input", value=len(tokens),
+        )
+
+
 def check_request(params: Any, rules: RequestRules | None = None) -> None:
     """Raise ``TTUnsupportedRequestError`` for a request the backend would not honour, and
     ``TTUnsupportedFeatureError`` for one that is not a generation request at all.
@@ -77,12 +98,22 @@ def check_request(params: Any, rules: RequestRules | None = None) -> None:
     skipped (the worker's checks still apply)."""
     from vllm.sampling_params import SamplingParams
 
+    rules = _installed if rules is None else rules
+    if rules is not None and rules.pooling_max_len is not None:
+        if isinstance(params, SamplingParams):
+            raise TTUnsupportedRequestError(
+                f"{rules.arch} is a pooling model (served with --runner pooling): it computes "
+                "embeddings, it does not generate text. Send embedding requests (/v1/embeddings, "
+                "/pooling, LLM.embed), or serve a generative model for generation.",
+                parameter="request", value=type(params).__name__,
+            )
+        return
     if not isinstance(params, SamplingParams):
         raise TTUnsupportedFeatureError(
             "request", type(params).__name__, "a generation request (SamplingParams)",
-            "TT serves text generation only; pooling requests are not supported",
+            "this server runs a generative model; serve a pooling model with --runner pooling "
+            "for pooling requests (docs/pooling.md)",
         )
-    rules = _installed if rules is None else rules
     if params.thinking_token_budget is not None:
         raise TTUnsupportedRequestError(
             "thinking_token_budget is not supported by the TT backend: neither the device nor "

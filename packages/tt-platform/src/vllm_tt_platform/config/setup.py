@@ -18,9 +18,11 @@ from vllm_tt_scheduler.lanes.shape import LaneShape
 
 from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, request_checks
 from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
     check_environment,
+    check_runner,
     check_speculation,
     check_vllm_features,
     restrict_modalities,
@@ -134,13 +136,19 @@ def configure(vllm_config: VllmConfig) -> None:
         prefix_caching_requested=bool(cache.enable_prefix_caching)
         and cli_flags.given("enable_prefix_caching"),
     )
+    check_runner(vllm_config, caps, setup.model.arch)
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
                     vllm_config.speculative_config.method)
+    pooling_max_len = None
+    if caps.pooling_model:
+        pooling_max_len = pooling_shapes_of(vllm_config, setup.config.pooling_shapes).max_length
+        _prefill_only(vllm_config, pooling_max_len)
     request_checks.install(
-        request_checks.RequestRules.of(setup.model.arch, caps, _image_tokens_per_pass(vllm_config, caps))
+        request_checks.RequestRules.of(setup.model.arch, caps, _image_tokens_per_pass(vllm_config, caps),
+                                       pooling_max_len)
     )
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
@@ -168,7 +176,21 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = LANE_SCHEDULER_CLS
     else:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
-    scheduler.enable_chunked_prefill = True
+    scheduler.enable_chunked_prefill = not caps.pooling_model
+
+
+def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:
+    """A pooling model runs each prompt whole in one prefill step: no chunking, no prefix cache
+    (no KV cache), no decode to overlap; a step must hold the longest shape's prompt."""
+    sched = vllm_config.scheduler_config
+    if sched.max_num_batched_tokens < max_len:
+        raise TTConfigError(
+            "--max-num-batched-tokens", sched.max_num_batched_tokens,
+            f"at least the longest pooling shape ({max_len} tokens: pooling prompts are never chunked)",
+            f"pass --max-num-batched-tokens {max_len} or more, or shorten --additional-config.tt.pooling_shapes",
+        )
+    vllm_config.cache_config.enable_prefix_caching = False
+    sched.async_scheduling = False
 
 
 def _image_tokens_per_pass(vllm_config: VllmConfig, caps: ModelCapabilities) -> int | None:

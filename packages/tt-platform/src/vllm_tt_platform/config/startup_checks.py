@@ -92,10 +92,6 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
         raise TTUnsupportedFeatureError(
             "--model", model.model, "a decoder-only model", "encoder-decoder models are not supported on TT",
         )
-    if model.runner_type != "generate":
-        raise TTUnsupportedFeatureError(
-            "--runner", model.runner_type, "generate", "pooling / embedding models are not supported on TT; serve a generative model",
-        )
     if getattr(model, "enable_prompt_embeds", False):
         raise TTUnsupportedFeatureError(
             "--enable-prompt-embeds", True, "off", "remove --enable-prompt-embeds; prompt embeddings are not supported on TT",
@@ -104,6 +100,31 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
     if cache.user_specified_block_size and cache.block_size % 32:
         raise TTConfigError("--block-size", cache.block_size, "a multiple of 32 (the device tile)",
                             "use --block-size 32 or 64")
+
+
+def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``--runner pooling`` needs a TT pooling model (``pooling_model``), and a pooling model
+    serves nothing else; vLLM's ``--convert`` adapters wrap torch modules, which TT models are not."""
+    model = vllm_config.model_config
+    runner = model.runner_type
+    convert = getattr(model, "convert_type", "none")
+    if runner == "pooling" and not caps.pooling_model:
+        raise TTUnsupportedFeatureError(
+            "--runner", runner, f"generate for {arch}, whose model_capabilities do not declare pooling_model",
+            "remove --runner pooling (and --convert): vLLM's --convert adapters wrap torch modules, which "
+            "TT models are not; serve a checkpoint with a TT pooling model instead (e.g. a BertModel "
+            "embedding checkpoint; docs/pooling.md)",
+        )
+    if runner != "pooling" and caps.pooling_model:
+        raise TTUnsupportedFeatureError(
+            "--runner", runner, f"pooling for {arch}, a pooling model (embeddings)",
+            "serve it with --runner pooling (vllm serve <model> --runner pooling; vllm.LLM(..., runner='pooling'))",
+        )
+    if convert not in ("none", "auto"):
+        raise TTUnsupportedFeatureError(
+            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
+            f"remove --convert; {arch} is served as the pooling model it is",
+        )
 
 
 SPECULATIVE_METHODS: tuple[str, ...] = ("ngram",)

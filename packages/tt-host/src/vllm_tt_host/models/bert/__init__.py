@@ -1,0 +1,18 @@
+"""BERT-style encoders on the host mesh: a pooling model family (bge-large / bge-m3 shape).
+
+Self-contained: its config reading, weights and math live here; it shares with the decoder
+families only the checkpoint-folder lookup and the trace emulation of the host device.
+"""
+
+from __future__ import annotations
+
+from vllm_tt_host.models.frame.family import HostFamily
+
+FAMILY = HostFamily(
+    __name__,
+    models={
+        "TTBertModel": "model:HostBertModel",
+        "TTBertForSequenceClassification": "model:HostBertForSequenceClassification",
+    },
+    tiny=("vllm_tt_testing.tiny_bert",),
+)

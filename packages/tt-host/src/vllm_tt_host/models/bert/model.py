@@ -1,0 +1,134 @@
+"""``HostBertModel``: a BERT-style encoder served as a TT pooling model (``pool_forward``).
+
+Bidirectional attention over each row's real tokens (padding keys masked), learned absolute
+positions, post-norm layers: the math of transformers' ``BertModel``, returning the last hidden
+states; the runner pools them. Programs run at the fixed (batch, length) shapes warmup captured,
+as traces do on a device: a traced call at any other shape is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch.nn import functional as F
+
+from vllm_tt_host.device import HostMeshDevice
+from vllm_tt_host.models.bert.config import EncoderConfig
+from vllm_tt_host.models.bert.weights import (
+    CheckpointTensors,
+    ClassifierWeights,
+    EncoderWeights,
+    Norm,
+    load_classifier_weights,
+    load_encoder_weights,
+)
+from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
+from vllm_tt_host.models.frame.shapes import HostModelInputError, TraceKey
+from vllm_tt_host.models.frame.vllm_surface import VllmInspectionSurface
+
+
+def pool_trace(batch: int, length: int) -> TraceKey:
+    """The trace of one pooling program shape."""
+    return TraceKey("pool", length, batch, False)
+
+
+class HostBertModel(VllmInspectionSurface):
+    """transformers' ``BertModel`` (bge-large, bge-m3's encoder shape) on the host mesh."""
+
+    model_capabilities: ClassVar[dict[str, Any]] = {"pooling_model": True}
+    # What vLLM's class inspection reads for a pooling architecture (bge pools the CLS token).
+    is_pooling_model: ClassVar[bool] = True
+    default_seq_pooling_type: ClassVar[str] = "CLS"
+    attn_type: ClassVar[str] = "encoder_only"
+
+    def __init__(self, config: EncoderConfig, weights: EncoderWeights, mesh_device: HostMeshDevice,
+                 head: ClassifierWeights | None = None, vllm_config: Any = None) -> None:
+        """Built by ``initialize_vllm_model``; ``vllm_config`` is named only for vLLM's class inspection."""
+        if vllm_config is not None:
+            raise TypeError(f"{type(self).__name__} is built by initialize_vllm_model(), not by vLLM's loader")
+        self.config = config
+        self.weights = weights
+        self.head = head
+        self.mesh_device = mesh_device
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config: Any, mesh_device: HostMeshDevice, max_batch_size: int,
+                              max_seq_len: int, tt_data_parallel: int = 1, optimizations: str | None = None,
+                              ) -> HostBertModel:
+        config = EncoderConfig.from_hf(hf_config)
+        if max_seq_len > config.max_positions:
+            raise HostModelInputError(
+                f"max_seq_len {max_seq_len} exceeds the encoder's max_position_embeddings "
+                f"{config.max_positions}; serve with --max-model-len {config.max_positions} or less"
+            )
+        tensors = CheckpointTensors(resolve_checkpoint_dir(getattr(hf_config, "_name_or_path", "")))
+        return cls(config, load_encoder_weights(tensors, config), mesh_device, head=cls._head(tensors))
+
+    @classmethod
+    def _head(cls, tensors: CheckpointTensors) -> ClassifierWeights | None:
+        """The weights on top of the encoder (none: the hidden states are the output)."""
+        return None
+
+    def warmup_model_pool(self, shapes: Sequence[tuple[int, int]], enable_trace: bool) -> None:
+        """Run every ``(batch, length)`` program once; with ``enable_trace``, capture its trace."""
+        for batch, length in shapes:
+            tokens = torch.full((batch, length), self.config.pad_token_id, dtype=torch.int64)
+            self._encode(tokens, torch.full((batch,), length, dtype=torch.int64), None)
+            if enable_trace:
+                self.mesh_device.capture_trace(pool_trace(batch, length))
+
+    def pool_forward(self, tokens: Any, prompt_lens: Any, enable_trace: bool = False,
+                     token_type_ids: Any = None, **kwargs: Any) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, dtype=torch.int64)
+        lens = torch.as_tensor(prompt_lens, dtype=torch.int64)
+        batch, length = tokens.shape
+        if length > self.config.max_positions:
+            raise HostModelInputError(
+                f"pool_forward of length {length} is longer than max_position_embeddings {self.config.max_positions}"
+            )
+        if enable_trace:
+            self.mesh_device.replay_trace(pool_trace(batch, length))
+        hidden = self._encode(tokens, lens, token_type_ids)
+        if self.head is None:
+            return hidden
+        # transformers' BertForSequenceClassification: the pooler's tanh(dense(CLS)), then the classifier.
+        return self.head.classifier(torch.tanh(self.head.pooler(hidden[:, 0])))
+
+    @torch.inference_mode()
+    def _encode(self, tokens: torch.Tensor, lens: torch.Tensor, token_type_ids: Any) -> torch.Tensor:
+        cfg, w = self.config, self.weights
+        batch, length = tokens.shape
+        types = torch.zeros_like(tokens) if token_type_ids is None else torch.as_tensor(token_type_ids).long()
+        x = w.word[tokens] + w.position[:length][None] + w.token_type[types]
+        x = _norm(x, w.embed_norm, cfg.layer_norm_eps)
+        real = torch.arange(length)[None, :] < lens[:, None]  # [B, L] keys that are prompt tokens
+        mask = torch.zeros(batch, 1, 1, length).masked_fill(~real[:, None, None, :], torch.finfo(torch.float32).min)
+        heads, dim = cfg.num_heads, cfg.head_dim
+        for layer in w.layers:
+            def split(t: torch.Tensor) -> torch.Tensor:
+                return t.view(batch, length, heads, dim).transpose(1, 2)
+
+            q, k, v = split(layer.query(x)), split(layer.key(x)), split(layer.value(x))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(dim) + mask
+            context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, cfg.hidden_size)
+            x = _norm(x + layer.attn_out(context), layer.attn_norm, cfg.layer_norm_eps)
+            x = _norm(x + layer.down(F.gelu(layer.up(x))), layer.out_norm, cfg.layer_norm_eps)
+        return x
+
+
+class HostBertForSequenceClassification(HostBertModel):
+    """transformers' ``BertForSequenceClassification`` (a cross-encoder reranker, bge-reranker's
+    shape with a BERT encoder): ``pool_forward`` returns the classifier's logits ``[B, labels]``."""
+
+    model_capabilities: ClassVar[dict[str, Any]] = {"pooling_model": True, "pooled_outputs": True}
+
+    @classmethod
+    def _head(cls, tensors: CheckpointTensors) -> ClassifierWeights | None:
+        return load_classifier_weights(tensors)
+
+
+def _norm(x: torch.Tensor, norm: Norm, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, eps)

@@ -1,0 +1,45 @@
+"""Pooling shapes: parsing the option, the default grid, and packing a step's prompts into calls."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_tt_platform.config.options import TTConfig
+from vllm_tt_platform.config.pooling_shapes import PoolCall, PoolingShapes, PoolShape, parse_shapes
+from vllm_tt_platform.errors import TTConfigError
+
+
+def test_parse_sorts_and_dedups() -> None:
+    assert parse_shapes("8x128, 1x32,8x128") == (PoolShape(1, 32), PoolShape(8, 128))
+
+
+@pytest.mark.parametrize("spec", ["8", "8x", "x128", "0x32", "8*128", "8x12.5"])
+def test_bad_shape_is_named_in_the_option_error(spec: str) -> None:
+    with pytest.raises(TTConfigError, match=r"pooling_shapes.*BATCHxLENGTH"):
+        TTConfig.from_sources({"pooling_shapes": spec}, environ={})
+
+
+def test_default_grid_doubles_up_to_the_limits() -> None:
+    shapes = PoolingShapes.resolve(None, max_num_seqs=6, max_model_len=100)
+    assert {s.length for s in shapes.shapes} == {32, 64, 100}
+    assert {s.batch for s in shapes.shapes} == {1, 2, 4, 6}
+    assert shapes.max_length == 100
+
+
+def test_shape_longer_than_max_model_len_is_refused() -> None:
+    with pytest.raises(ValueError, match="longer than --max-model-len 64"):
+        PoolingShapes.resolve("1x128", max_num_seqs=8, max_model_len=64)
+
+
+def test_plan_groups_by_length_bucket_and_fills_the_smallest_batch() -> None:
+    shapes = PoolingShapes(parse_shapes("1x32,4x32,1x128,2x128"))
+    calls = shapes.plan([100, 5, 6, 120, 7, 90])
+    assert calls == [
+        PoolCall(PoolShape(2, 128), (3, 0)),  # longest first, two per call at 128
+        PoolCall(PoolShape(1, 128), (5,)),
+        PoolCall(PoolShape(4, 32), (4, 2, 1)),  # three short prompts padded to a batch of 4
+    ]
+
+
+def test_plan_refuses_a_prompt_longer_than_every_shape() -> None:
+    with pytest.raises(ValueError, match=r"longest pooling shape \(32\).*pooling_shapes"):
+        PoolingShapes(parse_shapes("1x32")).plan([33])

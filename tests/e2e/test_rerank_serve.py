@@ -1,0 +1,63 @@
+"""A cross-encoder reranker (``BertForSequenceClassification``, one label) through ``vllm serve
+--runner pooling`` on the host mesh backend: ``/score`` and ``/rerank`` give transformers'
+sigmoid relevance scores for a query against 16 documents of different lengths (the pair's
+token types reach the model), in the same ranking, batched and one pair per request."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from vllm_tt_testing.tiny_bert import hf_scores, inputs_of_lengths, tiny_cross_encoder
+
+from tests.e2e.helpers import serve
+
+pytestmark = pytest.mark.e2e
+
+QUERY = "the fog in the low fields"
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return tiny_cross_encoder()
+
+
+@pytest.fixture(scope="module")
+def documents():
+    return inputs_of_lengths(16, growth=3)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint, documents):
+    return hf_scores(checkpoint, QUERY, documents)
+
+
+@pytest.fixture(scope="module")
+def url(checkpoint, tmp_path_factory):
+    log = tmp_path_factory.mktemp("rerank-serve") / "serve.log"
+    with serve(checkpoint, "--runner", "pooling", "--served-model-name", "tiny-reranker", "--max-model-len", "128",
+               "--max-num-seqs", "8", log=log) as base:
+        yield base
+
+
+def test_score_equals_transformers(url, documents, reference):
+    body = httpx.post(f"{url}/score", json={"model": "tiny-reranker", "queries": QUERY, "documents": documents},
+                      timeout=120).json()
+    got = torch.tensor([d["score"] for d in sorted(body["data"], key=lambda d: d["index"])])
+    torch.testing.assert_close(got, reference, atol=TOLERANCE, rtol=0)
+
+
+def test_rerank_keeps_the_ranking(url, documents, reference):
+    body = httpx.post(f"{url}/rerank", json={"model": "tiny-reranker", "query": QUERY, "documents": documents},
+                      timeout=120).json()
+    ranked = [r["index"] for r in body["results"]]
+    assert ranked == torch.argsort(reference, descending=True).tolist()
+    got = torch.tensor([r["relevance_score"] for r in body["results"]])
+    torch.testing.assert_close(got, reference[ranked], atol=TOLERANCE, rtol=0)
+
+
+def test_each_pair_alone_equals_transformers(url, documents, reference):
+    got = [httpx.post(f"{url}/score", json={"model": "tiny-reranker", "queries": QUERY, "documents": d},
+                      timeout=60).json()["data"][0]["score"] for d in documents[:6]]
+    torch.testing.assert_close(torch.tensor(got), reference[:6], atol=TOLERANCE, rtol=0)
