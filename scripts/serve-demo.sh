@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up and serves an embedded tiny Llama on the host mesh backend at
 # http://127.0.0.1:8000 (OpenAI API). Needs no Tenstorrent hardware.
+set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$REPO_ROOT"
 VENV="$REPO_ROOT/.venv"
