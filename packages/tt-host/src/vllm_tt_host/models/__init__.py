@@ -1,10 +1,12 @@
 """Host reference models: real torch math behind the TT model contract, for the host mesh.
 
-Importing this package stays cheap (no torch): the model registry reads ``HOST_MODELS``
+Importing this package stays cheap (no torch): the model registry reads ``HOST_SOURCE``
 through the ``vllm_tt.model_sources`` entry point and imports a class only when it is used.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 _FAMILIES = "vllm_tt_host.models.families"
 
@@ -26,4 +28,42 @@ HOST_MODELS: dict[str, str] = {
 }
 """TT architecture name -> ``"module:Class"`` of its host reference model."""
 
-__all__ = ["HOST_MODELS"]
+_DECODER: dict[str, Any] = {
+    "supports_sample_on_device": True, "supports_async_decode": True, "supports_prefix_caching": True,
+    "single_program_lanes": True, "supports_prompt_logprobs": True, "supports_verify_decode": True,
+    "prefill_trace_lens": [128, 1024, 2048, 4096],
+}
+_SLIDING = {**_DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
+
+
+def _decoder_without(*flags: str) -> dict[str, Any]:
+    return {k: v for k, v in _DECODER.items() if k not in flags}
+
+
+HOST_CAPABILITIES: dict[str, dict[str, Any]] = {
+    "TTLlamaForCausalLM": _DECODER,
+    "TTMistralForCausalLM": _DECODER,
+    "TTQwen2ForCausalLM": _DECODER,
+    "TTQwen3ForCausalLM": _DECODER,
+    "TTGemma3ForCausalLM": _SLIDING,
+    "TTGemma4ForCausalLM": _SLIDING,
+    "TTGemma3ForConditionalGeneration": _SLIDING,
+    "TTQwen2_5_VLForConditionalGeneration": _decoder_without("supports_async_decode", "supports_verify_decode"),
+    "TTMistral3ForConditionalGeneration": _DECODER,
+    "TTGptOssForCausalLM": _SLIDING,
+    "TTDeepseekV3ForCausalLM": {**_DECODER, "kv_cache_kinds": ["mla"]},
+    "TTQwen3_5ForCausalLM": {
+        **_decoder_without("supports_prefix_caching", "single_program_lanes", "supports_verify_decode"),
+        "kv_cache_kinds": ["full_attention", "recurrent_state"],
+    },
+}
+"""What each class declares in ``model_capabilities`` (the non-default flags), stated here so
+that ``vllm-tt-models list --backend host`` imports no torch; tests/test_host_source.py fails
+when a class and this table disagree."""
+
+HOST_SOURCE: dict[str, dict[str, Any]] = {
+    arch: {"target": target, "capabilities": HOST_CAPABILITIES[arch]} for arch, target in HOST_MODELS.items()
+}
+"""The ``vllm_tt.model_sources`` entry point ``host``: each target with its stated capabilities."""
+
+__all__ = ["HOST_CAPABILITIES", "HOST_MODELS", "HOST_SOURCE"]
