@@ -49,7 +49,8 @@ class ModelSource:
         stated: dict[str, ModelCapabilities] = {}
         for arch, entry in table.items():
             where = f"model source {name!r} ({origin}): entry {arch!r}"
-            target, caps = (entry.get("target"), entry.get("capabilities")) if isinstance(entry, Mapping) else (entry, None)
+            target: Any = entry.get("target") if isinstance(entry, Mapping) else entry
+            caps = entry.get("capabilities") if isinstance(entry, Mapping) else None
             if isinstance(entry, Mapping) and set(entry) - _ENTRY_KEYS:
                 raise RegistryError(
                     f"{where}: unknown keys {sorted(set(entry) - _ENTRY_KEYS)}. Fix: an entry holds "
