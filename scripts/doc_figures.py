@@ -76,10 +76,11 @@ def _demo(root: Path) -> str:
 
 def _tiers(root: Path) -> str:
     data = _first_hour(root)
-    rows = [f"| `{t['command']}` | {t['tests']:,} | {t['seconds']:,.0f} s ({t['seconds'] / 60:.1f} min) |"
+    rows = [f"| `{t['command']}` | {t['tests']:,} | {t['seconds']:,.0f} s ({t['seconds'] / 60:.1f} min) | {t['note']} |"
             for t in data["tiers"].values()]
-    return "\n".join([f"Measured on {data['machine']} at {data['commit']} (`{RESULTS}/first_hour.json`):", "",
-                      "| command | tests | wall |", "|---|---:|---:|", *rows])
+    return "\n".join([f"Measured on the 2-core machine shared with other work at {data['commit']} "
+                      f"(`{RESULTS}/first_hour.json`):", "",
+                      "| command | tests | wall | conditions |", "|---|---:|---:|---|", *rows])
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
