@@ -1,7 +1,9 @@
 """Write the generated docs pages or, with --check, fail if any is stale.
 
 The pages: the configuration reference (from ``TTConfig`` and the env tables), the model families and the
-feature-support matrix (from the model registry, scripts/model_pages.py).
+feature-support matrix (from the model registry, scripts/model_pages.py); in every other page the
+``<!-- generated: NAME -->`` figures (scripts/doc_figures.py, from benchmarks/results). --check also
+fails on a machine-local path or a hand-written test figure in README.md or docs/*.md.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import doc_figures
 from model_pages import features_page, models_page
 from vllm_tt_host.envs import markdown_table as host_env_table
 from vllm_tt_platform.config.options import markdown_reference
@@ -32,7 +35,11 @@ PAGES: dict[Path, Callable[[], str]] = {
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
-    for path, render in PAGES.items():
+    renders: dict[Path, Callable[[], str]] = {
+        **{path: (lambda path=path: doc_figures.fill(path.read_text())) for path in doc_figures.pages()},
+        **PAGES,
+    }
+    for path, render in renders.items():
         text = render()
         if path.exists() and path.read_text() == text:
             continue
@@ -43,7 +50,10 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path}")
     for path in stale:
         print(f"{path} is stale: run python scripts/gen_docs.py", file=sys.stderr)
-    return 1 if stale else 0
+    problems = doc_figures.problems(doc_figures.pages())
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if stale or problems else 0
 
 
 if __name__ == "__main__":

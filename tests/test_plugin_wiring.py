@@ -45,7 +45,7 @@ def test_mesh_backends_and_model_sources_are_declared_by_their_distributions():
         "ttnn": ("vllm_tt_platform.mesh.ttnn_mesh:TtnnMeshBackend", "vllm-tt-platform"),
         "host": ("vllm_tt_host.backend:HostMeshBackend", "vllm-tt-host"),
     }
-    assert sources["host"] == ("vllm_tt_host.models:HOST_MODELS", "vllm-tt-host")
+    assert sources["host"] == ("vllm_tt_host.models:HOST_SOURCE", "vllm-tt-host")
 
 
 def test_platform_active_when_ttnn_imports():

@@ -91,7 +91,7 @@ def test_host_wheel_holds_the_emulator_and_registers_it(wheels):
     sources = "".join(wheel.read(n).decode() for n in names if n.endswith(".py"))
     assert all(defines(sources, name) for name in EMULATOR_NAMES)
     registered = entry_points(wheel)
-    for line in ("host = vllm_tt_host.backend:HostMeshBackend", "host = vllm_tt_host.models:HOST_MODELS",
+    for line in ("host = vllm_tt_host.backend:HostMeshBackend", "host = vllm_tt_host.models:HOST_SOURCE",
                  "vllm-tt-tiny-model = vllm_tt_host.tiny:main"):
         assert line in registered
 

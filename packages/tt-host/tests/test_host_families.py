@@ -36,10 +36,15 @@ def test_every_tiny_recipe_belongs_to_one_family():
 
 
 def test_an_architecture_two_families_claim_is_refused():
-    one = HostFamily("pkg.a", {"TTX": "model:A"}, tiny=())
-    other = HostFamily("pkg.b", {"TTX": "model:B"}, tiny=())
+    one = HostFamily("pkg.a", {"TTX": "model:A"}, tiny=(), capabilities={"TTX": {}})
+    other = HostFamily("pkg.b", {"TTX": "model:B"}, tiny=(), capabilities={"TTX": {}})
     with pytest.raises(ValueError, match="TTX is declared by pkg.a.model:A and pkg.b.model:B"):
         host_models([one, other])
+
+
+def test_a_family_states_the_capabilities_of_exactly_its_models():
+    with pytest.raises(ValueError, match=r"pkg.a: state the capabilities of exactly its models \['TTX'\], not \['TTY'\]"):
+        HostFamily("pkg.a", {"TTX": "model:A"}, tiny=(), capabilities={"TTY": {}})
 
 
 def test_a_new_dense_family_needs_only_its_class():

@@ -16,6 +16,7 @@ from vllm_tt_models_registry import (
     tt_arch_name,
 )
 from vllm_tt_models_registry.builtin import BUILTIN_FAMILIES
+from vllm_tt_models_registry.capabilities import ModelCapabilities
 from vllm_tt_models_registry.envs import TT_LLAMA_TEXT_VER, TT_QWEN3_TEXT_VER
 from vllm_tt_models_registry.names import is_target, split_target, target_hint
 from vllm_tt_models_registry.sources import (
@@ -225,6 +226,10 @@ def fake_module(monkeypatch: pytest.MonkeyPatch, adapter_source):
     module.NotAModel = type("NotAModel", (), {})
     module.TABLE = {"LlamaForCausalLM": "fake_src_mod:Good", "TTBadForCausalLM": "fake_src_mod:NotAModel"}
     module.BAD_TABLE = {"LlamaForCausalLM": "fake_src_mod.Good"}
+    module.STATED_TABLE = {"LlamaForCausalLM": {"target": "not_importable_mod:Llama",
+                                                "capabilities": {"supports_prefix_caching": True}}}
+    module.BAD_CAPS_TABLE = {"LlamaForCausalLM": {"target": "x:Y", "capabilities": {"supports_prefix_caching": 1}}}
+    module.BAD_KEYS_TABLE = {"LlamaForCausalLM": {"target": "x:Y", "capability": {}}}
     monkeypatch.setitem(sys.modules, "fake_src_mod", module)
     return module
 
@@ -270,10 +275,23 @@ def test_source_from_entry_point(fake_module) -> None:
     assert installed_source_names(_eps(("b", "x:Y"), ("a", "x:Z"))) == ("a", "b")
 
 
+def test_a_source_stating_capabilities_is_listed_without_importing_its_classes(fake_module) -> None:
+    source = load_source("host", _eps(("host", "fake_src_mod:STATED_TABLE")))
+    assert source.targets == {"TTLlamaForCausalLM": "not_importable_mod:Llama"}
+    model = load_registry("host", sources={"host": source}).resolve("TTLlamaForCausalLM")
+    assert model.listed_capabilities() == ModelCapabilities(supports_prefix_caching=True)
+    assert "not_importable_mod" not in sys.modules
+    with pytest.raises(RegistryError, match="cannot import 'not_importable_mod'"):
+        model.capabilities()  # serving reads the class itself
+
+
 @pytest.mark.parametrize(
     ("eps", "match"),
     [
         ((("host", "fake_src_mod:BAD_TABLE"),), "is not a 'module:Class' string"),
+        ((("host", "fake_src_mod:BAD_CAPS_TABLE"),),
+         r"entry 'LlamaForCausalLM': model_capabilities\['supports_prefix_caching'\] must be true or false"),
+        ((("host", "fake_src_mod:BAD_KEYS_TABLE"),), r"unknown keys \['capability'\]"),
         ((("host", "fake_src_mod:Good"),), "must be a dict"),
         ((("host", "fake_src_mod:MISSING"),), "loading fake_src_mod:MISSING failed"),
         ((("host", "fake_src_mod:TABLE"), ("host", "other_mod:TABLE")), "declared twice"),

@@ -43,3 +43,17 @@ def test_a_broken_ttnn_declines_and_says_why(tmp_path, monkeypatch, records):
     assert len(records) == 1
     assert "ttnn is installed but `import ttnn` failed" in records[0]
     assert "libtt_metal.so: cannot open shared object file" in records[0]
+
+
+def test_detection_imports_ttnn_without_its_config_dump_and_keeps_its_later_logs():
+    """ttnn logs ``DEBUG ... Initial ttnn.CONFIG:`` and the whole config while it imports; every
+    vLLM process printed it and it reads like an error (docs/troubleshooting.md)."""
+    import subprocess
+
+    code = ("import vllm_tt_platform as p; print(p.detect())\n"
+            "import ttnn\n"
+            "with ttnn.manage_config('enable_logging', False): pass\n")  # ttnn logs 'Set ttnn.CONFIG...'
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "vllm_tt_platform.platform.TTPlatform"
+    assert "Initial ttnn.CONFIG" not in out.stderr and "Config{" not in out.stderr
+    assert "Set ttnn.CONFIG.enable_logging" in out.stderr

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from vllm_tt_host.progress import TrainingProgress
 
 TINY_FORMAT = 1
 """Bump when the files written for the same recipe change, so stale stamps rebuild."""
@@ -404,10 +405,6 @@ def _corpus_ids(tokenizer: Any) -> Any:
     return torch.tensor(ids, dtype=torch.long)
 
 
-TRAIN_REPORT_EVERY = 100
-"""Training progress goes to stderr this often, so a first demo start is not silent."""
-
-
 def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
     """A short AdamW run on random corpus windows with a cosine learning-rate decay."""
     import torch
@@ -419,6 +416,7 @@ def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
     )
     model.train()
     span = len(ids) - TRAIN_SEQ_LEN
+    progress = TrainingProgress(steps)
     for step in range(steps):
         starts = torch.randint(0, span, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([ids[s : s + TRAIN_SEQ_LEN] for s in starts.tolist()])
@@ -428,8 +426,7 @@ def _train(model: Any, ids: Any, steps: int, seed: int) -> None:
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if (step + 1) % TRAIN_REPORT_EVERY == 0 or step + 1 == steps:
-            print(f"tiny model: step {step + 1}/{steps}, loss {loss.item():.2f}", file=sys.stderr, flush=True)
+        progress.step(step + 1, loss.item)
 
 
 def _seed_buffers(model: Any) -> None:

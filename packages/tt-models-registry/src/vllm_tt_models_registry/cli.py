@@ -123,7 +123,7 @@ def _describe(model: RegisteredModel) -> dict[str, Any]:
         "error": None,
     }
     try:
-        caps = asdict(model.capabilities())
+        caps = asdict(model.listed_capabilities())
     except RegistryError as exc:
         cause = exc.__cause__ or exc
         row["error"] = f"{type(cause).__name__}: {cause}"

@@ -41,6 +41,9 @@ class RegisteredModel:
     """``builtin``, ``bundle:<folder>`` or the name of a model source (``host``)."""
     overrides: tuple[tuple[str, Any], ...] = ()
     """Capabilities the registration declares on top of the class's own."""
+    stated: ModelCapabilities | None = None
+    """What the model source states the class declares, for listings that import no model
+    code; serving reads the class itself (the source's tests keep the two equal)."""
 
     def load_class(self) -> type:
         """Import the class and check it against the model contract."""
@@ -63,6 +66,15 @@ class RegisteredModel:
     def capabilities(self) -> ModelCapabilities:
         """What the model can do: its class's ``model_capabilities`` plus the overrides."""
         return ModelCapabilities.of(self.load_class(), dict(self.overrides))
+
+    def listed_capabilities(self) -> ModelCapabilities:
+        """The capabilities a listing shows: the source's statement when it has one (no
+        import), else the class's own (imports it)."""
+        if self.stated is None:
+            return self.capabilities()
+        return ModelCapabilities.from_mapping(
+            {**self.stated.non_defaults(), **dict(self.overrides)}, owner=self.describe()
+        )
 
     def describe(self) -> str:
         return f"{self.arch} ({self.source}: {self.target})"
@@ -207,7 +219,7 @@ def load_registry(
         if backend != TTNN_BACKEND:
             source = _source(backend, sources, backend_setting)
             for arch, target in source.targets.items():
-                add(RegisteredModel(arch, target, source.name))
+                add(RegisteredModel(arch, target, source.name, stated=source.capabilities.get(arch)))
         for fam in BUILTIN_FAMILIES:
             variant = chosen[fam.name]
             for hf_arch in fam.archs:

@@ -3,7 +3,10 @@
 A mesh backend other than ttnn (the host reference backend) brings its own implementations of
 some families. It declares them as ``[project.entry-points."vllm_tt.model_sources"]
 <backend> = "pkg.module:TABLE"``, where ``TABLE`` maps TT (or HF) architecture names to lazy
-``module:Class`` targets. The registry never imports the providing package's code otherwise.
+``module:Class`` targets, or to ``{"target": "module:Class", "capabilities": {...}}`` when the
+source also states each class's capabilities (all of them, as the class declares them), so that
+a listing (``vllm-tt-models list``) needs no import of model code. The registry never imports
+the providing package's code otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from vllm_tt_models_registry.errors import RegistryError
+from vllm_tt_models_registry.capabilities import ModelCapabilities
+from vllm_tt_models_registry.errors import ContractError, RegistryError
 from vllm_tt_models_registry.names import is_target, tt_arch_name
 from vllm_tt_models_registry.settings import Setting, environment
 
@@ -28,10 +32,13 @@ class ModelSource:
     targets: Mapping[str, str] = field(default_factory=dict)
     origin: str = ""
     """Where the table came from (an entry point), for error messages."""
+    capabilities: Mapping[str, ModelCapabilities] = field(default_factory=dict)
+    """What the source states each class declares (by TT arch; only the entries that say)."""
 
     @classmethod
     def from_table(cls, name: str, table: Any, *, origin: str) -> ModelSource:
-        """Validate a source's table: a mapping of architecture names to ``module:Class``."""
+        """Validate a source's table: architecture names to ``module:Class`` or to
+        ``{"target": ..., "capabilities": ...}``."""
         if not isinstance(table, Mapping):
             raise RegistryError(
                 f"model source {name!r} ({origin}) must be a dict of architecture -> "
@@ -39,14 +46,33 @@ class ModelSource:
                 f"must export a dict"
             )
         targets: dict[str, str] = {}
-        for arch, target in table.items():
+        stated: dict[str, ModelCapabilities] = {}
+        for arch, entry in table.items():
+            where = f"model source {name!r} ({origin}): entry {arch!r}"
+            target: Any = entry.get("target") if isinstance(entry, Mapping) else entry
+            caps = entry.get("capabilities") if isinstance(entry, Mapping) else None
+            if isinstance(entry, Mapping) and set(entry) - _ENTRY_KEYS:
+                raise RegistryError(
+                    f"{where}: unknown keys {sorted(set(entry) - _ENTRY_KEYS)}. Fix: an entry holds "
+                    f"only {sorted(_ENTRY_KEYS)}"
+                )
             if not isinstance(arch, str) or not is_target(target):
                 raise RegistryError(
-                    f"model source {name!r} ({origin}): entry {arch!r}: {target!r} is not a "
-                    f"'module:Class' string. Fix: correct the table in the providing package"
+                    f"{where}: {target!r} is not a 'module:Class' string. Fix: correct the table "
+                    f"in the providing package"
                 )
             targets[tt_arch_name(arch)] = target
-        return cls(name, targets, origin)
+            if caps is not None:
+                try:
+                    stated[tt_arch_name(arch)] = ModelCapabilities.from_mapping(caps, owner=target)
+                except ContractError as exc:
+                    raise RegistryError(
+                        f"{where}: {exc.problem}. Fix: correct the table in the providing package"
+                    ) from exc
+        return cls(name, targets, origin, stated)
+
+
+_ENTRY_KEYS = frozenset({"target", "capabilities"})
 
 
 def installed_source_names(eps: Iterable[metadata.EntryPoint] | None = None) -> tuple[str, ...]:

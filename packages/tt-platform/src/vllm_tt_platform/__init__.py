@@ -15,7 +15,7 @@ def detect() -> str | None:
     A ``ttnn`` that is installed but fails to import is said once, with the reason: otherwise
     vLLM silently picks another platform and the user only sees it run elsewhere."""
     try:
-        import ttnn  # noqa: F401
+        _import_ttnn_quietly()
     except Exception as exc:  # any import failure means: not a TT machine
         if importlib.util.find_spec("ttnn") is not None:
             logger.warning(
@@ -25,3 +25,20 @@ def detect() -> str | None:
             )
         return None
     return "vllm_tt_platform.platform.TTPlatform"
+
+
+def _import_ttnn_quietly() -> None:
+    """``import ttnn``, without the multi-line ``DEBUG ... Initial ttnn.CONFIG`` dump ttnn logs
+    through loguru while it imports (every vLLM process would print it, and it reads like an
+    error); ttnn's later log lines are unchanged. ``print(ttnn.CONFIG)`` shows the config."""
+    try:
+        from loguru import logger
+    except ImportError:  # no loguru: ttnn cannot import either, and says so
+        import ttnn  # noqa: F401
+
+        return
+    logger.disable("ttnn")
+    try:
+        import ttnn  # noqa: F401
+    finally:
+        logger.enable("ttnn")

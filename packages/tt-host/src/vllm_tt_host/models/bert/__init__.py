@@ -15,4 +15,8 @@ FAMILY = HostFamily(
         "TTBertForSequenceClassification": "model:HostBertForSequenceClassification",
     },
     tiny=("vllm_tt_testing.tiny_bert",),
+    capabilities={
+        "TTBertModel": {"pooling_model": True},
+        "TTBertForSequenceClassification": {"pooling_model": True, "pooled_outputs": True},
+    },
 )

@@ -3,7 +3,7 @@ shared experts, YaRN."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import DECODER, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -11,4 +11,5 @@ FAMILY = HostFamily(
         "TTDeepseekV3ForCausalLM": "model:HostDeepseekV3ForCausalLM",
     },
     tiny=("deepseek_v3",),
+    capabilities={"TTDeepseekV3ForCausalLM": {**DECODER, "kv_cache_kinds": ["mla"]}},
 )

@@ -9,6 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+DECODER: Mapping[str, Any] = {
+    "supports_sample_on_device": True, "supports_async_decode": True, "supports_prefix_caching": True,
+    "single_program_lanes": True, "supports_prompt_logprobs": True, "supports_verify_decode": True,
+    "prefill_trace_lens": [128, 1024, 2048, 4096],
+}
+"""What a decoder on the frame declares in ``model_capabilities`` (its non-default flags)."""
+
+SLIDING: Mapping[str, Any] = {**DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
+"""A decoder with sliding-window and full layers (hybrid KV)."""
+
+
+def decoder_without(*flags: str) -> dict[str, Any]:
+    """``DECODER`` less ``flags`` (a family that does not offer them)."""
+    return {k: v for k, v in DECODER.items() if k not in flags}
 
 
 @dataclass(frozen=True)
@@ -22,10 +38,26 @@ class HostFamily:
     tiny: tuple[str, ...]
     """The tiny checkpoints the parity tests build: ``vllm-tt-tiny-model --arch`` values
     (``vllm_tt_host.tiny``), or the ``vllm_tt_testing`` module of a vision-language recipe."""
+    capabilities: Mapping[str, Mapping[str, Any]]
+    """TT architecture name -> what its class declares in ``model_capabilities``, stated here so
+    that ``vllm-tt-models list --backend host`` imports no torch (tests/test_host_source.py fails
+    when a class and its statement disagree)."""
+
+    def __post_init__(self) -> None:
+        if set(self.capabilities) != set(self.models):
+            raise ValueError(f"{self.package}: state the capabilities of exactly its models "
+                             f"{sorted(self.models)}, not {sorted(self.capabilities)}")
 
     def targets(self) -> dict[str, str]:
         """TT architecture name -> ``"package.module:Class"``."""
         return {arch: f"{self.package}.{target}" for arch, target in self.models.items()}
+
+
+def host_source(families: Iterable[HostFamily]) -> dict[str, dict[str, Any]]:
+    """The ``vllm_tt.model_sources`` table of ``families``: each target with its stated capabilities."""
+    families = tuple(families)
+    stated = {arch: caps for family in families for arch, caps in family.capabilities.items()}
+    return {arch: {"target": target, "capabilities": dict(stated[arch])} for arch, target in host_models(families).items()}
 
 
 def host_models(families: Iterable[HostFamily]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import SLIDING, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -10,4 +10,5 @@ FAMILY = HostFamily(
         "TTGemma4ForCausalLM": "model:HostGemma4ForCausalLM",
     },
     tiny=("gemma4",),
+    capabilities={"TTGemma4ForCausalLM": SLIDING},
 )

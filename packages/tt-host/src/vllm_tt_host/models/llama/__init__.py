@@ -5,7 +5,7 @@ projections carry a bias and whether q/k are normed per head, so a class only na
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import DECODER, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -16,4 +16,5 @@ FAMILY = HostFamily(
         "TTQwen3ForCausalLM": "model:HostQwen3ForCausalLM",
     },
     tiny=("llama", "mistral", "qwen2", "qwen3"),
+    capabilities=dict.fromkeys(("TTLlamaForCausalLM", "TTMistralForCausalLM", "TTQwen2ForCausalLM", "TTQwen3ForCausalLM"), DECODER),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import DECODER, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -10,4 +10,5 @@ FAMILY = HostFamily(
         "TTMistral3ForConditionalGeneration": "model:HostMistral3ForConditionalGeneration",
     },
     tiny=("vllm_tt_testing.tiny_mistral3",),
+    capabilities={"TTMistral3ForConditionalGeneration": DECODER},
 )

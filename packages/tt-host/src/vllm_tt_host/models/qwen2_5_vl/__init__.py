@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import decoder_without, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -10,4 +10,5 @@ FAMILY = HostFamily(
         "TTQwen2_5_VLForConditionalGeneration": "model:HostQwen2_5_VLForConditionalGeneration",
     },
     tiny=("vllm_tt_testing.tiny_qwen_vl",),
+    capabilities={"TTQwen2_5_VLForConditionalGeneration": decoder_without("supports_async_decode", "supports_verify_decode")},
 )

@@ -3,7 +3,7 @@ full-attention layers."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import HostFamily
+from vllm_tt_host.models.frame.family import decoder_without, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -11,4 +11,8 @@ FAMILY = HostFamily(
         "TTQwen3_5ForCausalLM": "model:HostQwen3_5ForCausalLM",
     },
     tiny=("qwen3_5",),
+    capabilities={"TTQwen3_5ForCausalLM": {
+        **decoder_without("supports_prefix_caching", "single_program_lanes", "supports_verify_decode"),
+        "kv_cache_kinds": ["full_attention", "recurrent_state"],
+    }},
 )
