@@ -74,6 +74,17 @@ def cached_tiny(arch: str, train_steps: int = 0) -> Path:
                   arch, train_steps)
 
 
+def cached_drafter(arch: str, num_hidden_layers: int = 1) -> Path:
+    """A drafter for the untrained tiny ``arch`` target: its first ``num_hidden_layers``
+    layers (``tiny_drafter.build_drafter``), same tokenizer and vocabulary."""
+    from vllm_tt_testing import tiny_drafter
+
+    target = cached_tiny(arch)
+    return cached(f"drafter-{arch}-{num_hidden_layers}",
+                  lambda out: tiny_drafter.build_drafter(target, out, num_hidden_layers),
+                  target.name, num_hidden_layers, inspect.getsource(tiny_drafter))
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

@@ -75,6 +75,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         "max_device_logprobs": 0,
         "supports_prompt_logprobs": True,
         "supports_verify_decode": True,
+        "max_verify_tokens": verify.MAX_VERIFY_TOKENS,
         "prefill_trace_lens": list(PREFILL_BUCKETS),
     }
 

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 VERIFY_KWARG = "num_valid_tokens"
 """``decode_forward``'s verify argument (the model contract's ``VERIFY_KWARG``)."""
 
+MAX_VERIFY_TOKENS = 8
+"""Longest verify trace a host model captures (``1 + K``: up to K=7 drafts per row), declared
+as ``max_verify_tokens``; tt-metal models size theirs to the decode trace's L1 room."""
+
 
 def sub_step_positions(start: torch.Tensor, valid: torch.Tensor, width: int) -> list[torch.Tensor]:
     """Position of each row at each of the ``width`` verify positions (-1 where the row has

@@ -1,0 +1,53 @@
+"""Where a speculating runner's drafts come from: one ``Drafter`` per ``--speculative-config``
+method, each proposing up to K tokens per row after every step.
+
+``ngram`` is vLLM's own ``NgramProposer`` over each row's tokens, on the host; ``draft_model``
+is a drafter checkpoint run on the mesh (``draft_model.DraftModel``). Both return drafts the
+target verifies in the same fixed-shape verify steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import numpy as np
+from vllm.config import VllmConfig
+
+from vllm_tt_platform.runner.batch import RequestState
+
+
+class Drafter(Protocol):
+    def propose(self, states: list[RequestState]) -> list[list[int]]:
+        """Up to K drafts for each of ``states`` (rows that produced a token last step), in order."""
+        ...
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        """Rows that left the batch (finished or preempted): drop what was kept for them."""
+        ...
+
+
+class NgramDrafts:
+    """vLLM's ``NgramProposer`` over each row's prompt and output tokens."""
+
+    def __init__(self, vllm_config: VllmConfig, num_tokens: int, num_slots: int) -> None:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # numba JIT: only when used
+
+        self.num_tokens = num_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.proposer = NgramProposer(vllm_config)
+        self._token_ids = np.zeros((num_slots, self.max_model_len), dtype=np.int32)
+        self._num_tokens = np.zeros(num_slots, dtype=np.int32)
+
+    def propose(self, states: list[RequestState]) -> list[list[int]]:
+        sampled: list[list[int]] = [[] for _ in range(self._token_ids.shape[0])]
+        for state in states:
+            tokens = state.token_ids(min(state.num_tokens, self.max_model_len))
+            self._token_ids[state.slot, : len(tokens)] = tokens
+            self._num_tokens[state.slot] = len(tokens)
+            sampled[state.slot] = [tokens[-1]]
+        drafts = self.proposer.propose(self.num_tokens, sampled, self._num_tokens, self._token_ids)
+        return [list(drafts[s.slot]) for s in states]
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        """Nothing is kept per row: each proposal reads the row's tokens afresh."""
