@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,18 @@ def generate(llm, prompts, params):
                                                                params, use_tqdm=False)]
 
 
+def mixed_prompts(vocab: int, count: int = 24) -> list[list[int]]:
+    """The n-gram workload's prompts and random ones of 8-60 tokens (where the drafter's and
+    the target's greedy choices part more often)."""
+    rng = random.Random(31)
+    base = repetitive_prompts(vocab)
+    return base + [[rng.randrange(3, vocab) for _ in range(rng.randrange(8, 60))] for _ in range(count - len(base))]
+
+
 def counter(llm, name: str) -> int:
     """A vLLM counter of ``llm.get_metrics()``, summed over its label sets."""
     return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
 
 SAMPLED = {"temperature": 0.5, "top_k": 4}
 """The tiny model's logits are nearly flat but ordered: at temperature 0.5 its 4 best tokens

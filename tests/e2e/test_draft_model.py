@@ -11,8 +11,6 @@ rejected; seeded rows draw the tokens they would draw without speculation.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.e2e.helpers import assert_greedy_equal, hf_greedy, offline_llm, repetitive_prompts
@@ -22,6 +20,7 @@ from tests.e2e.spec_checks import (
     counter,
     counter_replay,
     generate,
+    mixed_prompts,
 )
 
 pytestmark = pytest.mark.e2e
@@ -47,14 +46,6 @@ def engine(tiny_checkpoint):
     )
     yield model_dir, llm
     del llm
-
-
-def mixed_prompts(vocab: int, count: int = 24) -> list[list[int]]:
-    """The n-gram workload's prompts and random ones of 8-60 tokens (where the drafter's and
-    the target's greedy choices part more often)."""
-    rng = random.Random(31)
-    base = repetitive_prompts(vocab)
-    return base + [[rng.randrange(3, vocab) for _ in range(rng.randrange(8, 60))] for _ in range(count - len(base))]
 
 
 def test_greedy_equals_transformers_alone_and_24_concurrent(engine):

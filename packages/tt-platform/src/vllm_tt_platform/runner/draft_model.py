@@ -122,8 +122,8 @@ class DraftModel:
         kv = f"{self.bytes_per_block / 1024:.1f} KiB/block"
         if num_blocks is not None:
             kv += f" = {self.bytes_per_block * num_blocks / 2**20:.1f} MiB/lane"
-        return (f"drafter {self.draft_config.model} ({self.num_layers} layers, "
-                f"{type(self.model).__qualname__}) as a second program on the same mesh, KV {kv}")
+        return (f"drafter {self.draft_config.model} ({self.num_layers}-layer {type(self.model).__qualname__}) "
+                f"as a second program on the same mesh, KV {kv}")
 
     def forget(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:
