@@ -15,13 +15,16 @@ from pathlib import Path
 
 STAMP = ".vllm-tt-drafter.json"
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
+_VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 
 
-def build_drafter(target: Path, out: Path, num_hidden_layers: int) -> Path:
-    """Write the first ``num_hidden_layers`` layers of ``target`` into ``out`` (idempotent)."""
+def build_drafter(target: Path, out: Path, num_hidden_layers: int, vocab_size: int | None = None) -> Path:
+    """Write the first ``num_hidden_layers`` layers of ``target`` into ``out`` (idempotent);
+    ``vocab_size`` keeps only the first ids of the embeddings and head (a drafter of another
+    vocabulary, which the server must refuse)."""
     from safetensors.torch import load_file, save_file
 
-    recipe = {"target": target.name, "num_hidden_layers": num_hidden_layers}
+    recipe = {"target": target.name, "num_hidden_layers": num_hidden_layers, "vocab_size": vocab_size}
     stamp = out / STAMP
     if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
         return out
@@ -34,6 +37,8 @@ def build_drafter(target: Path, out: Path, num_hidden_layers: int) -> Path:
         raise ValueError(f"num_hidden_layers={num_hidden_layers}: a drafter must have fewer layers than its "
                          f"target's {config['num_hidden_layers']}")
     config["num_hidden_layers"] = num_hidden_layers
+    if vocab_size is not None:
+        config["vocab_size"] = vocab_size
     for key in ("layer_types",):  # per-layer lists follow the layer count
         if isinstance(config.get(key), list):
             config[key] = config[key][:num_hidden_layers]
@@ -41,6 +46,8 @@ def build_drafter(target: Path, out: Path, num_hidden_layers: int) -> Path:
     weights = load_file(target / "model.safetensors")
     kept = {name: tensor for name, tensor in weights.items()
             if (m := _LAYER.search(name)) is None or int(m.group(1)) < num_hidden_layers}
+    if vocab_size is not None:
+        kept = {name: t[:vocab_size].clone() if name.endswith(_VOCAB_ROWS) else t for name, t in kept.items()}
     save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
     stamp.write_text(json.dumps(recipe) + "\n")
     return out

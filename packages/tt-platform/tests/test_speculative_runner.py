@@ -78,7 +78,7 @@ def test_drafts_do_not_hide_a_mixed_step():
 def _spec_config(uses_mrope: bool = False):
     from types import SimpleNamespace
 
-    return SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
+    return SimpleNamespace(speculative_config=SimpleNamespace(method="ngram", num_speculative_tokens=K),
                            model_config=SimpleNamespace(uses_mrope=uses_mrope))
 
 
@@ -106,3 +106,21 @@ def test_startup_summary_names_the_verify_trace_shape_per_lane():
         "ngram, K=3, verify trace [8 rows, 4] per lane x 4 lanes, verified on device when every row is greedy "
         "(argmax ids read back), else on the host"
     )
+
+
+def test_a_row_whose_drafts_keep_missing_pauses_drafting():
+    """Step table of ``DraftBackoff``: (kept drafts of the verify step before, drafts wanted)."""
+    from vllm_tt_platform.runner.drafters import DraftBackoff
+
+    backoff = DraftBackoff()
+    table = [  # accepted of 3 drafts in the step (None: no verify, the row decoded plainly)
+        (1, True), (0, True), (0, False), (None, False), (None, True),  # 2 misses: skip 2 steps
+        (0, False), (None, False), (None, False), (None, False), (None, True),  # a third: skip 4
+        (2, True), (0, True), (0, False),  # an accepted draft resets the count
+    ]
+    for step_no, (accepted, wants) in enumerate(table):
+        if accepted is not None:
+            backoff.verified("a", 3, accepted)
+        assert backoff.wants_drafts("a") is wants, step_no
+    backoff.forget(["a"])
+    assert backoff.wants_drafts("a")

@@ -20,7 +20,6 @@ from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, re
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
-    check_drafter,
     check_environment,
     check_speculation,
     check_vllm_features,
@@ -153,7 +152,6 @@ def configure(vllm_config: VllmConfig) -> None:
         and cli_flags.given("enable_prefix_caching"),
     )
     check_speculation(vllm_config, caps, setup.model.arch)
-    check_drafter(vllm_config)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",

@@ -141,23 +141,6 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
         )
 
 
-def check_drafter(vllm_config: VllmConfig) -> None:
-    """``method: draft_model``: the drafter proposes token ids the target verifies, so both
-    must share one vocabulary; the drafter runs prefill and plain decode steps only."""
-    spec = vllm_config.speculative_config
-    if spec is None or spec.method != "draft_model":
-        return
-    draft = spec.draft_model_config
-    target_vocab = vllm_config.model_config.get_vocab_size()
-    draft_vocab = draft.get_vocab_size()
-    if draft_vocab != target_vocab:
-        raise TTConfigError(
-            "--speculative-config model", draft.model,
-            f"a drafter with the target's vocabulary ({target_vocab} tokens; it has {draft_vocab})",
-            "use a drafter trained with the target's tokenizer (same vocab_size), or method ngram",
-        )
-
-
 def check_capabilities(
     config: TTConfig, caps: ModelCapabilities, arch: str, *, async_requested: bool,
     prefix_caching_requested: bool,

@@ -8,7 +8,9 @@ both (the budget's bytes per block grow by the drafter's). A token's KV stands w
 drafter has seen the same tokens before it: after each verify step the drafter re-reads only
 what differs from its last drafts (the accepted drafts are already in its cache, the target's
 next token is not), as one verify-shaped step of at most ``1 + K`` tokens; a new or resumed row
-is prefilled. Then ``K - 1`` plain decode steps over the fixed batch finish the drafts. All of
+is prefilled. Then ``K - 1`` plain decode steps over the fixed batch finish the drafts. A row
+whose drafts keep missing pauses drafting (``drafters.DraftBackoff``): the drafter's programs
+cost device time the row would not win back. All of
 it runs on the host's view of the mesh clock like the target's programs (modelled device time
 counts the drafter's steps too).
 """
@@ -29,6 +31,7 @@ from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.runner import model_output
 from vllm_tt_platform.runner.batch import RequestState
+from vllm_tt_platform.runner.drafters import DraftBackoff
 from vllm_tt_platform.runner.step import page_table
 
 
@@ -96,6 +99,7 @@ class DraftModel:
         self._table_width = 0
         self._blocks_per_lane = 0
         self._seen: dict[str, _Seen] = {}
+        self.backoff = DraftBackoff()
 
     @property
     def num_layers(self) -> int:
@@ -126,14 +130,21 @@ class DraftModel:
                 f"as a second program on the same mesh, KV {kv}")
 
     def forget(self, req_ids: Iterable[str]) -> None:
+        req_ids = list(req_ids)
+        self.backoff.forget(req_ids)
         for req_id in req_ids:
             self._seen.pop(req_id, None)
+
+    def verified(self, req_id: str, drafted: int, accepted: int) -> None:
+        self.backoff.verified(req_id, drafted, accepted)
 
     def propose(self, states: list[RequestState]) -> list[list[int]]:
         if self._kv is None:
             raise RuntimeError("DraftModel.propose() before allocate(): the drafter has no KV cache yet")
         rows: list[_Row] = []
         for state in states:
+            if not self.backoff.wants_drafts(state.req_id):
+                continue
             n = min(state.num_tokens, self.max_model_len)
             num_drafts = min(self.num_tokens, self.max_model_len - n)
             if num_drafts <= 0:

@@ -26,6 +26,44 @@ class Drafter(Protocol):
         """Rows that left the batch (finished or preempted): drop what was kept for them."""
         ...
 
+    def verified(self, req_id: str, drafted: int, accepted: int) -> None:
+        """A verify step kept ``accepted`` of the row's ``drafted`` drafts."""
+        ...
+
+
+class DraftBackoff:
+    """A row whose drafts keep missing stops drafting for a while, so a drafter that costs
+    device time does not slow a row it cannot help: after ``MISSES`` verify steps in a row
+    that kept none of its drafts, the row skips drafting for 2, 4, ... up to ``MAX_SKIP``
+    steps (plain decode steps), then tries again; one accepted draft resets it."""
+
+    MISSES = 2
+    MAX_SKIP = 32
+
+    def __init__(self) -> None:
+        self._misses: dict[str, int] = {}
+        self._skip: dict[str, int] = {}
+
+    def wants_drafts(self, req_id: str) -> bool:
+        left = self._skip.get(req_id, 0)
+        if left:
+            self._skip[req_id] = left - 1
+            return False
+        return True
+
+    def verified(self, req_id: str, drafted: int, accepted: int) -> None:
+        if accepted or not drafted:
+            self._misses.pop(req_id, None)
+            return
+        misses = self._misses[req_id] = self._misses.get(req_id, 0) + 1
+        if misses >= self.MISSES:
+            self._skip[req_id] = min(2 ** (misses - self.MISSES + 1), self.MAX_SKIP)
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        for req_id in req_ids:
+            self._misses.pop(req_id, None)
+            self._skip.pop(req_id, None)
+
 
 class NgramDrafts:
     """vLLM's ``NgramProposer`` over each row's prompt and output tokens."""
@@ -51,3 +89,6 @@ class NgramDrafts:
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Nothing is kept per row: each proposal reads the row's tokens afresh."""
+
+    def verified(self, req_id: str, drafted: int, accepted: int) -> None:
+        """N-gram drafts cost no device time: every row keeps drafting."""

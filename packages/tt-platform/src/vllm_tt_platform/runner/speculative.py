@@ -131,6 +131,8 @@ class Speculation:
         tokens = self.accept(output, plan.rows, drafts)
         for r, row_tokens in zip(plan.rows, tokens, strict=True):
             r.state.output_token_ids.extend(row_tokens)
+            drafted = len(drafts.get(r.state.req_id, ()))
+            self.drafter.verified(r.state.req_id, drafted, min(len(row_tokens) - 1, drafted))
         return ModelRunnerOutput(
             req_ids=[r.state.req_id for r in plan.rows],
             req_id_to_index={r.state.req_id: i for i, r in enumerate(plan.rows)},
