@@ -108,19 +108,20 @@ def test_startup_summary_names_the_verify_trace_shape_per_lane():
     )
 
 
-def test_a_row_whose_drafts_keep_missing_pauses_drafting():
-    """Step table of ``DraftBackoff``: (kept drafts of the verify step before, drafts wanted)."""
+def test_a_row_whose_drafts_keep_missing_drafts_less():
+    """Step table of ``DraftBackoff`` at K=3: (drafts kept by the verify step before, drafts the
+    row gets now)."""
     from vllm_tt_platform.runner.drafters import DraftBackoff
 
     backoff = DraftBackoff()
-    table = [  # accepted of 3 drafts in the step (None: no verify, the row decoded plainly)
-        (1, True), (0, True), (0, False), (None, False), (None, True),  # 2 misses: skip 2 steps
-        (0, False), (None, False), (None, False), (None, False), (None, True),  # a third: skip 4
-        (2, True), (0, True), (0, False),  # an accepted draft resets the count
+    table = [  # accepted in the step before (None: no verify step, the row decoded plainly)
+        (None, 3), (1, 3), (0, 1), (0, 1), (0, 0), (None, 0), (None, 1),  # 3 misses: 1-token probes, skip 2
+        (0, 0), (None, 0), (None, 0), (None, 0), (None, 1),  # a fourth: skip 4
+        (1, 3), (0, 1),  # an accepted draft brings K back
     ]
-    for step_no, (accepted, wants) in enumerate(table):
+    for step_no, (accepted, drafts) in enumerate(table):
         if accepted is not None:
             backoff.verified("a", 3, accepted)
-        assert backoff.wants_drafts("a") is wants, step_no
+        assert backoff.drafts_for("a", 3) == drafts, step_no
     backoff.forget(["a"])
-    assert backoff.wants_drafts("a")
+    assert backoff.drafts_for("a", 3) == 3

@@ -9,8 +9,8 @@ drafter has seen the same tokens before it: after each verify step the drafter r
 what differs from its last drafts (the accepted drafts are already in its cache, the target's
 next token is not), as one verify-shaped step of at most ``1 + K`` tokens; a new or resumed row
 is prefilled. Then ``K - 1`` plain decode steps over the fixed batch finish the drafts. A row
-whose drafts keep missing pauses drafting (``drafters.DraftBackoff``): the drafter's programs
-cost device time the row would not win back. All of
+whose drafts keep missing drafts one token, then pauses drafting (``drafters.DraftBackoff``):
+the drafter's programs cost device time the row would not win back. All of
 it runs on the host's view of the mesh clock like the target's programs (modelled device time
 counts the drafter's steps too).
 """
@@ -143,10 +143,8 @@ class DraftModel:
             raise RuntimeError("DraftModel.propose() before allocate(): the drafter has no KV cache yet")
         rows: list[_Row] = []
         for state in states:
-            if not self.backoff.wants_drafts(state.req_id):
-                continue
             n = min(state.num_tokens, self.max_model_len)
-            num_drafts = min(self.num_tokens, self.max_model_len - n)
+            num_drafts = min(self.backoff.drafts_for(state.req_id, self.num_tokens), self.max_model_len - n)
             if num_drafts <= 0:
                 continue
             tokens = state.token_ids(n)

@@ -32,24 +32,26 @@ class Drafter(Protocol):
 
 
 class DraftBackoff:
-    """A row whose drafts keep missing stops drafting for a while, so a drafter that costs
-    device time does not slow a row it cannot help: after ``MISSES`` verify steps in a row
-    that kept none of its drafts, the row skips drafting for 2, 4, ... up to ``MAX_SKIP``
-    steps (plain decode steps), then tries again; one accepted draft resets it."""
+    """A row whose drafts keep missing drafts less, so a drafter that costs device time does
+    not slow a row it cannot help: after a verify step that kept none of the row's drafts the
+    row drafts one token (a cheap probe), after ``MISSES`` such steps in a row it skips drafting
+    for 2, 4, ... up to ``MAX_SKIP`` steps (plain decode steps), and one accepted draft brings
+    it back to K."""
 
-    MISSES = 2
+    MISSES = 3
     MAX_SKIP = 32
 
     def __init__(self) -> None:
         self._misses: dict[str, int] = {}
         self._skip: dict[str, int] = {}
 
-    def wants_drafts(self, req_id: str) -> bool:
+    def drafts_for(self, req_id: str, k: int) -> int:
+        """How many drafts the row gets this step (0: it decodes plainly)."""
         left = self._skip.get(req_id, 0)
         if left:
             self._skip[req_id] = left - 1
-            return False
-        return True
+            return 0
+        return 1 if self._misses.get(req_id) else k
 
     def verified(self, req_id: str, drafted: int, accepted: int) -> None:
         if accepted or not drafted:
