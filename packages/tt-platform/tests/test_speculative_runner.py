@@ -115,9 +115,10 @@ def test_a_row_whose_drafts_keep_missing_drafts_less():
 
     backoff = DraftBackoff()
     table = [  # accepted in the step before (None: no verify step, the row decoded plainly)
-        (None, 3), (1, 3), (0, 1), (0, 1), (0, 0), (None, 0), (None, 1),  # 3 misses: 1-token probes, skip 2
-        (0, 0), (None, 0), (None, 0), (None, 0), (None, 1),  # a fourth: skip 4
-        (1, 3), (0, 1),  # an accepted draft brings K back
+        (None, 3), (1, 3), (0, 3), (0, 1), (0, 1),  # a second miss in a row: 1-token probes
+        (0, 0), (None, 0), (None, 1),  # a fourth: skip 2 steps
+        (0, 0), (None, 0), (None, 0), (None, 0), (None, 1),  # a fifth: skip 4
+        (1, 3), (0, 3),  # an accepted draft brings K back
     ]
     for step_no, (accepted, drafts) in enumerate(table):
         if accepted is not None:
