@@ -126,3 +126,17 @@ def test_a_row_whose_drafts_keep_missing_drafts_less():
         assert backoff.drafts_for("a", 3) == drafts, step_no
     backoff.forget(["a"])
     assert backoff.drafts_for("a", 3) == 3
+
+
+@pytest.mark.parametrize(("tokens", "valid"), [
+    ([1, 2, 3, 7, 8], 5),  # both fed drafts were accepted: only the target's next token is new
+    ([1, 2, 3, 7, 9, 4], 4),  # the second draft was rejected: its KV is stale from there
+    ([1, 2, 3, 5], 3),  # the first draft was rejected
+    ([1, 2, 3], 3),
+])
+def test_the_drafter_rereads_only_what_its_kv_lacks(tokens, valid):
+    """After drafting [7, 8, x] for a row of 3 tokens, the drafter's KV holds the 3 tokens and
+    the 2 drafts it fed itself; what stands is the prefix the row's tokens still agree with."""
+    from vllm_tt_platform.runner.draft_model import SeenTokens
+
+    assert SeenTokens(confirmed=3, drafts=[7, 8]).valid(tokens) == valid

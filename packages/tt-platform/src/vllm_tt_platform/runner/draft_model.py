@@ -36,7 +36,7 @@ from vllm_tt_platform.runner.step import page_table
 
 
 @dataclass
-class _Seen:
+class SeenTokens:
     """What the drafter's KV holds for a row: the row's first ``confirmed`` tokens, then the
     drafts it fed itself after them (positions ``confirmed..``)."""
 
@@ -98,7 +98,7 @@ class DraftModel:
         self._kv: Any = None
         self._table_width = 0
         self._blocks_per_lane = 0
-        self._seen: dict[str, _Seen] = {}
+        self._seen: dict[str, SeenTokens] = {}
         self.backoff = DraftBackoff()
 
     @property
@@ -156,7 +156,7 @@ class DraftModel:
             self._catch_up(rows, drafts)
             self._decode(rows, drafts)
         for r in rows:
-            self._seen[r.state.req_id] = _Seen(len(r.tokens), drafts[r.state.req_id][:-1])
+            self._seen[r.state.req_id] = SeenTokens(len(r.tokens), drafts[r.state.req_id][:-1])
         return [drafts.get(s.req_id, []) for s in states]
 
     # -- drafter programs --------------------------------------------------------------------
