@@ -261,3 +261,21 @@ def test_bad_speculation_is_refused_at_startup(llama, spec, error, setting):
                    speculative_config=spec).create_engine_config()
     assert setting in str(info.value)
     assert error is ValueError or "Fix:" in str(info.value)
+
+
+def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch):
+    """vLLM keeps async scheduling on for draft_model; the TT runner proposes drafts between
+    steps, so an explicit --async-scheduling is refused (vLLM's default is switched off)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config import cli_flags
+    from vllm_tt_testing.checkpoints import cached_drafter
+
+    spec = {"method": "draft_model", "model": str(cached_drafter("llama")), "num_speculative_tokens": 3}
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                        speculative_config=spec).create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
+    monkeypatch.setattr(cli_flags, "_given", {"async_scheduling"})
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST, async_scheduling=True,
+                   speculative_config=spec).create_engine_config()
+    assert "--async-scheduling" in str(info.value) and "Fix:" in str(info.value)
