@@ -236,3 +236,46 @@ def test_ray_executor_is_refused_where_ray_is_installed(llama):
     object.__setattr__(config.parallel_config, "distributed_executor_backend", "ray")
     with pytest.raises(TTUnsupportedFeatureError, match="--distributed-executor-backend.*docs/multi-host.md"):
         check_vllm_features(config)
+
+
+@pytest.mark.parametrize(("spec", "error", "setting"), [
+    # vLLM's own check (SpeculativeConfig), before the TT platform's
+    ({"method": "draft_model", "num_speculative_tokens": 3, "vocab_size": 512}, ValueError,
+     "same vocabulary size"),
+    ({"method": "draft_model", "num_speculative_tokens": 8}, TTConfigError,
+     "--speculative-config num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}, TTConfigError,
+     "--speculative-config num_speculative_tokens"),
+], ids=["drafter-vocabulary", "drafter-k-beyond-verify-trace", "ngram-k-beyond-verify-trace"])
+def test_bad_speculation_is_refused_at_startup(llama, spec, error, setting):
+    """A drafter must share the target's vocabulary, and K must fit the verify traces the model
+    captures (the host models' ``max_verify_tokens`` is 8: K up to 7)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_testing.checkpoints import cached_drafter
+
+    spec = dict(spec)
+    if spec["method"] == "draft_model":
+        spec["model"] = str(cached_drafter("llama", vocab_size=spec.pop("vocab_size", None)))
+    with pytest.raises(error) as info:
+        EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                   speculative_config=spec).create_engine_config()
+    assert setting in str(info.value)
+    assert error is ValueError or "Fix:" in str(info.value)
+
+
+def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch):
+    """vLLM keeps async scheduling on for draft_model; the TT runner proposes drafts between
+    steps, so an explicit --async-scheduling is refused (vLLM's default is switched off)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config import cli_flags
+    from vllm_tt_testing.checkpoints import cached_drafter
+
+    spec = {"method": "draft_model", "model": str(cached_drafter("llama")), "num_speculative_tokens": 3}
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                        speculative_config=spec).create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
+    monkeypatch.setattr(cli_flags, "_given", {"async_scheduling"})
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST, async_scheduling=True,
+                   speculative_config=spec).create_engine_config()
+    assert "--async-scheduling" in str(info.value) and "Fix:" in str(info.value)

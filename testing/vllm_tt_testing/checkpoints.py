@@ -74,6 +74,18 @@ def cached_tiny(arch: str, train_steps: int = 0) -> Path:
                   arch, train_steps)
 
 
+def cached_drafter(arch: str, num_hidden_layers: int = 1, vocab_size: int | None = None) -> Path:
+    """A drafter for the untrained tiny ``arch`` target: its first ``num_hidden_layers``
+    layers (``tiny_drafter.build_drafter``), same tokenizer and vocabulary unless
+    ``vocab_size`` cuts it."""
+    from vllm_tt_testing import tiny_drafter
+
+    target = cached_tiny(arch)
+    return cached(f"drafter-{arch}-{num_hidden_layers}-{vocab_size}",
+                  lambda out: tiny_drafter.build_drafter(target, out, num_hidden_layers, vocab_size),
+                  target.name, num_hidden_layers, vocab_size, inspect.getsource(tiny_drafter))
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

@@ -11,18 +11,17 @@ sampled token under transformers' own conditional distribution is uniform.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import math
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.helpers import hf_greedy, repetitive_prompts, serve
+from tests.e2e.spec_checks import accepted_drafts, complete, concurrently, stream
 
 pytestmark = pytest.mark.e2e
 
@@ -53,40 +52,6 @@ def prompts(server) -> list[list[int]]:
     return repetitive_prompts(AutoTokenizer.from_pretrained(server[0]).vocab_size)
 
 
-def client_for(url: str) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-
-
-def complete(url: str, prompt: list[int], max_tokens: int = MAX_NEW_TOKENS, **kwargs: Any) -> dict[str, Any]:
-    return client_for(url).completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
-                                              **kwargs).model_dump()
-
-
-def stream(url: str, prompt: list[int], max_tokens: int = MAX_NEW_TOKENS, **kwargs: Any) -> tuple[str, list[int]]:
-    """The streamed text and token ids, joined from the chunks."""
-    text, ids = [], []
-    for chunk in client_for(url).completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
-                                                    stream=True, **kwargs):
-        choice = chunk.model_dump()["choices"][0]
-        text.append(choice["text"])
-        ids.extend(choice.get("token_ids") or [])
-    return "".join(text), ids
-
-
-def concurrently(fn: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(lambda args: fn(*args), calls))
-
-
-def accepted_drafts(url: str) -> float:
-    """vLLM's acceptance counter, summed over its label sets."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def device_verified_steps(url: str) -> float:

@@ -78,7 +78,7 @@ def test_drafts_do_not_hide_a_mixed_step():
 def _spec_config(uses_mrope: bool = False):
     from types import SimpleNamespace
 
-    return SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
+    return SimpleNamespace(speculative_config=SimpleNamespace(method="ngram", num_speculative_tokens=K),
                            model_config=SimpleNamespace(uses_mrope=uses_mrope))
 
 
@@ -115,7 +115,7 @@ def test_the_ngram_proposer_gets_one_numba_thread_unless_the_user_chose(monkeypa
     import os
     import sys
 
-    from vllm_tt_platform.runner.speculative import NUMBA_THREADS, one_numba_thread
+    from vllm_tt_platform.runner.drafters import NUMBA_THREADS, one_numba_thread
 
     monkeypatch.delitem(sys.modules, "numba", raising=False)
     monkeypatch.delenv(NUMBA_THREADS, raising=False)
@@ -130,9 +130,43 @@ def test_a_numba_already_imported_keeps_its_pool(monkeypatch):
     import sys
     import types
 
-    from vllm_tt_platform.runner.speculative import NUMBA_THREADS, one_numba_thread
+    from vllm_tt_platform.runner.drafters import NUMBA_THREADS, one_numba_thread
 
     monkeypatch.setitem(sys.modules, "numba", types.ModuleType("numba"))
     monkeypatch.delenv(NUMBA_THREADS, raising=False)
     one_numba_thread()
     assert NUMBA_THREADS not in os.environ  # too late to matter: left as it is
+
+
+def test_a_row_whose_drafts_keep_missing_drafts_less():
+    """Step table of ``DraftBackoff`` at K=3: (drafts kept by the verify step before, drafts the
+    row gets now)."""
+    from vllm_tt_platform.runner.drafters import DraftBackoff
+
+    backoff = DraftBackoff()
+    table = [  # accepted in the step before (None: no verify step, the row decoded plainly)
+        (None, 3), (1, 3), (0, 3), (0, 1), (0, 1),  # a second miss in a row: 1-token probes
+        (0, 0), (None, 0), (None, 1),  # a fourth: skip 2 steps
+        (0, 0), (None, 0), (None, 0), (None, 0), (None, 1),  # a fifth: skip 4
+        (1, 3), (0, 3),  # an accepted draft brings K back
+    ]
+    for step_no, (accepted, drafts) in enumerate(table):
+        if accepted is not None:
+            backoff.verified("a", 3, accepted)
+        assert backoff.drafts_for("a", 3) == drafts, step_no
+    backoff.forget(["a"])
+    assert backoff.drafts_for("a", 3) == 3
+
+
+@pytest.mark.parametrize(("tokens", "valid"), [
+    ([1, 2, 3, 7, 8], 5),  # both fed drafts were accepted: only the target's next token is new
+    ([1, 2, 3, 7, 9, 4], 4),  # the second draft was rejected: its KV is stale from there
+    ([1, 2, 3, 5], 3),  # the first draft was rejected
+    ([1, 2, 3], 3),
+])
+def test_the_drafter_rereads_only_what_its_kv_lacks(tokens, valid):
+    """After drafting [7, 8, x] for a row of 3 tokens, the drafter's KV holds the 3 tokens and
+    the 2 drafts it fed itself; what stands is the prefix the row's tokens still agree with."""
+    from vllm_tt_platform.runner.draft_model import SeenTokens
+
+    assert SeenTokens(confirmed=3, drafts=[7, 8]).valid(tokens) == valid

@@ -47,6 +47,9 @@ class ModelCapabilities:
     """``decode_forward`` runs verify steps of speculative decoding: ``tokens [B, 1 + K]`` with
     ``num_valid_tokens`` (the contract's ``VERIFY_KWARG``) returns logits ``[B, 1 + K, V]``
     after every position, writing the KV of every real one; needed for ``--speculative-config``."""
+    max_verify_tokens: int = 0
+    """Longest verify step (``1 + K`` tokens per row) the model captures a trace for; 0: any.
+    A ``num_speculative_tokens`` beyond it is refused at startup."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     pooling_model: bool = False

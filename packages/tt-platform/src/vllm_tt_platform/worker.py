@@ -110,10 +110,7 @@ class TTWorker(WorkerBase):
             f"on device ({s.config.sample_on_device_mode}) with per-batch host fallback"
             if s.config.sample_on_device_mode else "host (vLLM sampler)",
             s.config.trace_mode,
-            "off" if self.runner.spec_settings is None else (
-                self.runner.spec_settings.describe(s.topology.lanes, s.topology.rows_per_lane,
-                                                   device_sampling=bool(s.config.sample_on_device_mode))
-            ),
+            self.runner.describe_speculation(),
             warmup_s, self.runner.num_blocks, self.runner.block_size,
             s.config.summary(),
         )

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_tt_host.models import bert, deepseek_v3, gemma3, gemma4, gpt_oss, llama, mistral3, qwen2_5_vl, qwen3_5
+from vllm_tt_host.models import (
+    bert,
+    deepseek_v3,
+    gemma3,
+    gemma4,
+    gpt_oss,
+    llama,
+    mistral3,
+    qwen2_5_vl,
+    qwen3_5,
+)
 from vllm_tt_host.models.frame.family import HostFamily, host_models, host_source
 
 FAMILIES: tuple[HostFamily, ...] = (

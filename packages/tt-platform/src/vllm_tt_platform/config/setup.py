@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
-from vllm_tt_models_registry import RegisteredModel, load_registry, tt_arch_name
+from vllm_tt_models_registry import RegisteredModel, TTModelRegistry, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_scheduler import record_prefill_trace_lens
 from vllm_tt_scheduler.lanes.shape import LaneShape
@@ -28,7 +28,7 @@ from vllm_tt_platform.config.startup_checks import (
     restrict_modalities,
 )
 from vllm_tt_platform.config.step_cost import hand_step_cost
-from vllm_tt_platform.errors import TTConfigError
+from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.backend import find_backend
 from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
@@ -52,6 +52,8 @@ class TTSetup:
     model: RegisteredModel
     capabilities: ModelCapabilities
     topology: Topology
+    drafter: RegisteredModel | None = None
+    """The class serving ``--speculative-config``'s drafter checkpoint (``method: draft_model``)."""
 
 
 def tt_section(vllm_config: VllmConfig) -> dict[str, Any]:
@@ -82,7 +84,22 @@ def resolve_setup(vllm_config: VllmConfig, environ: Mapping[str, str] | None = N
     registry = load_registry(config.mesh_backend, environ=environ)
     model = registry.resolve(tt_arch_name(archs[0]))
     capabilities = model.capabilities()
-    return TTSetup(config, model, capabilities, _topology(vllm_config, environ))
+    return TTSetup(config, model, capabilities, _topology(vllm_config, environ), _drafter(vllm_config, registry))
+
+
+def _drafter(vllm_config: VllmConfig, registry: TTModelRegistry) -> RegisteredModel | None:
+    """The registry's class for a ``draft_model`` drafter checkpoint (one of the served families)."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    draft = spec.draft_model_config
+    archs = list(getattr(draft.hf_config, "architectures", None) or [])
+    if not archs:
+        raise TTConfigError(
+            "--speculative-config model", draft.model, "a checkpoint whose config.json lists `architectures`",
+            "add the Hugging Face architecture name to the drafter's config.json",
+        )
+    return registry.resolve(tt_arch_name(archs[0]))
 
 
 def _topology(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> Topology:
@@ -139,7 +156,7 @@ def configure(vllm_config: VllmConfig) -> None:
     check_runner(vllm_config, caps, setup.model.arch)
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
-        logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules n-gram drafts "
+        logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
                     vllm_config.speculative_config.method)
     pooling_max_len = None
@@ -150,6 +167,18 @@ def configure(vllm_config: VllmConfig) -> None:
         request_checks.RequestRules.of(setup.model.arch, caps, _image_tokens_per_pass(vllm_config, caps),
                                        pooling_max_len)
     )
+    if vllm_config.speculative_config is not None and scheduler.async_scheduling:
+        # vLLM keeps async scheduling on for draft_model (its GPU runner drafts inside the
+        # step); the TT runner drafts between steps, which only a synchronous engine asks for.
+        if cli_flags.given("async_scheduling"):
+            raise TTUnsupportedFeatureError(
+                "--async-scheduling", True,
+                f"off with --speculative-config method {vllm_config.speculative_config.method}",
+                "remove --async-scheduling (drafts are proposed between steps on TT)",
+            )
+        logger.info("Async scheduling off: speculative decoding (%s) proposes drafts between steps.",
+                    vllm_config.speculative_config.method)
+        scheduler.async_scheduling = False
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False

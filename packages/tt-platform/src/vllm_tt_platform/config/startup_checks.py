@@ -66,8 +66,9 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
     if spec is not None and spec.method not in SPECULATIVE_METHODS:
         raise TTUnsupportedFeatureError(
             "--speculative-config method", spec.method, ", ".join(SPECULATIVE_METHODS),
-            'use --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\' '
-            "(docs/speculative-decoding.md); drafter models are not served on TT yet",
+            'use --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\' or '
+            '\'{"method": "draft_model", "model": <drafter>, "num_speculative_tokens": 3}\' '
+            "(docs/speculative-decoding.md)",
         )
     if vllm_config.lora_config is not None:
         raise TTUnsupportedFeatureError(
@@ -127,8 +128,9 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
         )
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = ("ngram",)
-"""``--speculative-config`` methods the TT runner serves (vLLM's ``NgramProposer`` on the host)."""
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+"""``--speculative-config`` methods the TT runner serves: vLLM's ``NgramProposer`` on the host,
+and a drafter checkpoint run as a second program on the mesh (``runner.draft_model``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
@@ -149,6 +151,14 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             "--speculative-config", vllm_config.speculative_config.method,
             f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
             "remove --speculative-config",
+        )
+    k = vllm_config.speculative_config.num_speculative_tokens or 0
+    if caps.max_verify_tokens and 1 + k > caps.max_verify_tokens:
+        raise TTConfigError(
+            "--speculative-config num_speculative_tokens", k,
+            f"at most {caps.max_verify_tokens - 1} for {arch}, whose verify traces hold "
+            f"{caps.max_verify_tokens} tokens per row (model_capabilities max_verify_tokens)",
+            f"set num_speculative_tokens to {caps.max_verify_tokens - 1} or less",
         )
 
 

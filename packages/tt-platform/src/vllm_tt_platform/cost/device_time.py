@@ -123,6 +123,7 @@ class ModelDims:
 MODEL_PROFILES: dict[str, ModelDims] = {
     "llama-3.1-8b": ModelDims(32, 4096, 14336, 32, 8, 128, 128256),
     "llama-3.3-70b": ModelDims(80, 8192, 28672, 64, 8, 128, 128256),
+    "llama-3.2-1b": ModelDims(16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
 }
 """Named models to time instead of the served checkpoint (its math still runs, or is skipped)."""
 

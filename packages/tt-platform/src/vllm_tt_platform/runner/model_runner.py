@@ -27,6 +27,8 @@ from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.device_watch import DeviceWatch
+from vllm_tt_platform.runner.draft_model import DraftModel
+from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
@@ -80,6 +82,8 @@ class TTModelRunner:
         self.spec_settings = SpecSettings.of(vllm_config)
         self._spec: Speculation | None = None
         """Set by ``load_model`` when ``--speculative-config`` is given."""
+        self._draft_model: DraftModel | None = None
+        """``method: draft_model``: the drafter checkpoint on the mesh (its own KV pages)."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
         self.overlap = overlap_for(
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
@@ -104,8 +108,13 @@ class TTModelRunner:
         )
         self.sampling.open_host_sampler(self.batch.num_slots)
         if self.spec_settings is not None:
-            self._spec = Speculation(self.vllm_config, self.spec_settings, self.batch.num_slots,
-                                     self.sampling.host_sampler)
+            drafter: Drafter
+            if self.spec_settings.method == "draft_model":
+                drafter = self._draft_model = DraftModel(self.vllm_config, self.setup, self.mesh_device,
+                                                         self.spec_settings.num_tokens)
+            else:
+                drafter = NgramDrafts(self.vllm_config, self.spec_settings.num_tokens, self.batch.num_slots)
+            self._spec = Speculation(self.vllm_config, self.spec_settings, drafter, self.sampling.host_sampler)
 
     @property
     def model_cls(self) -> type[TTModel]:
@@ -157,21 +166,41 @@ class TTModelRunner:
         return self.kv_budget().blocks
 
     def kv_cache_bytes(self) -> int:
-        return self.kv_budget().bytes
+        budget = self.kv_budget()
+        return budget.bytes + budget.blocks * self._drafter_bytes_per_block()
 
     def reserve_kv_blocks(self) -> int:
-        """``determine_available_memory``: fix vLLM's block count to the budget; its bytes."""
-        return self.kv.reserve(self.model_cls)
+        """``determine_available_memory``: fix vLLM's block count to the budget; its bytes (a
+        drafter model's pages included: one per block, in the same budget)."""
+        target_bytes = self.kv.reserve(self.model_cls)
+        return target_bytes + self.kv_budget().blocks * self._drafter_bytes_per_block()
+
+    def _drafter_bytes_per_block(self) -> int:
+        return self._draft_model.bytes_per_block if self._draft_model is not None else 0
+
+    def describe_speculation(self) -> str:
+        """The startup summary's speculation part: method, K, verify shape, drafter and its KV."""
+        if self.spec_settings is None:
+            return "off"
+        topology = self.topology
+        drafter = self._draft_model.describe(self._num_blocks) if self._draft_model is not None else ""
+        return self.spec_settings.describe(topology.lanes, topology.rows_per_lane,
+                                           device_sampling=bool(self.setup.config.sample_on_device_mode),
+                                           drafter=drafter)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self._num_blocks = kv_cache_config.num_blocks
         self.table_width = self.kv.table_width(self.max_model_len, self.num_blocks)
         self._kv_cache = self.kv.allocate(self.model, self.model_cls, kv_cache_config)
+        if self._draft_model is not None:
+            self._draft_model.allocate(self.num_blocks, self.table_width, self.kv.heads_per_device)
 
     def update_max_model_len(self, max_model_len: int) -> None:
         """vLLM shortened ``max_model_len`` to fit the KV cache: narrow the block tables."""
         self.max_model_len = max_model_len
         self.table_width = self.kv.table_width(max_model_len, self.kv.num_blocks)
+        if self._draft_model is not None:
+            self._draft_model.narrow(max_model_len, self.table_width)
 
     def warm_up(self) -> None:
         """Compile every program, then capture the traces the trace mode asks for."""
@@ -213,6 +242,8 @@ class TTModelRunner:
         if added or resumed or released:
             self.overlap.batch_changed()
         self.sampling.track(out, added, resumed, released)
+        if self._spec is not None and released:
+            self._spec.released(released)
         if out.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         plan = StepPlan.build(out, self.batch)

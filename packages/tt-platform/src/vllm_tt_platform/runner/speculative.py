@@ -4,7 +4,9 @@ vLLM owns the machinery: its scheduler hands each running row's drafts in
 ``scheduled_spec_decode_tokens`` (``-1``: a placeholder for a row that has none yet), its
 rejection sampler decides which drafts stand, its scheduler rolls back the rest and counts
 acceptance, and after each step its engine asks the worker for the next drafts
-(``take_draft_token_ids``), made here by vLLM's ``NgramProposer`` over each row's tokens.
+(``take_draft_token_ids``), made here by the method's ``drafters.Drafter``: vLLM's
+``NgramProposer`` over each row's tokens, or a drafter checkpoint on the mesh
+(``draft_model``).
 
 A step whose rows carry drafts is a *verify step*: a decode step of the fixed shape
 ``[decode rows, 1 + K]`` (one trace per K). With device sampling on and every row greedy the
@@ -19,12 +21,9 @@ step without drafts: each row takes its one token, and vLLM counts the drafts as
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -36,6 +35,7 @@ from vllm_tt_sampling.host.speculative import DraftVerifier
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner.batch import RequestState
+from vllm_tt_platform.runner.drafters import Drafter
 from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
 
 PLACEHOLDER = -1
@@ -56,16 +56,17 @@ class SpecSettings:
             return None
         return cls(str(spec.method), int(spec.num_speculative_tokens))
 
-    def describe(self, lanes: int, rows_per_lane: int, device_sampling: bool) -> str:
+    def describe(self, lanes: int, rows_per_lane: int, device_sampling: bool, drafter: str = "") -> str:
         """For the startup summary: the method, K, the verify trace shape (per lane: each
-        lane's sub-mesh verifies its own rows in the one step over all lanes) and where verify
-        steps are verified."""
+        lane's sub-mesh verifies its own rows in the one step over all lanes), where verify
+        steps are verified and, for a drafter model, where it runs and what its KV costs."""
         shape = f"[{rows_per_lane} rows, {1 + self.num_tokens}]"
         if lanes > 1:
             shape += f" per lane x {lanes} lanes"
         where = ("on device when every row is greedy (argmax ids read back), else on the host"
                  if device_sampling else "on the host")
-        return f"{self.method}, K={self.num_tokens}, verify trace {shape}, verified {where}"
+        text = f"{self.method}, K={self.num_tokens}, verify trace {shape}, verified {where}"
+        return f"{text}; {drafter}" if drafter else text
 
 
 def row_sampling(state: RequestState) -> RowSampling:
@@ -88,34 +89,15 @@ def real_drafts(out: SchedulerOutput) -> dict[str, list[int]]:
     return drafts
 
 
-NUMBA_THREADS = "NUMBA_NUM_THREADS"
-
-
-def one_numba_thread() -> None:
-    """vLLM's ``NgramProposer`` runs its numba kernel on one thread (``min(1, cores // 2)``),
-    but numba starts an OpenMP pool of one thread per core, and their spinning after every
-    step's proposal starves the runner's own host work: 200 four-token n-gram requests on the
-    host backend took 62 s with numba's default pool, 2.3 s with one thread (2 loaded cores).
-    numba reads the count once, at import; a count the user set is kept."""
-    if "numba" not in sys.modules:
-        os.environ.setdefault(NUMBA_THREADS, "1")
-
-
 class Speculation:
     """The runner's speculative decoding: which drafts a step verifies, their acceptance, and
-    the n-gram drafts handed to vLLM after each step."""
+    the drafter's drafts handed to vLLM after each step."""
 
-    def __init__(self, vllm_config: VllmConfig, settings: SpecSettings, num_slots: int,
+    def __init__(self, vllm_config: VllmConfig, settings: SpecSettings, drafter: Drafter,
                  host_sampler: HostSamplingBatch) -> None:
-        one_numba_thread()
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # numba JIT: only when used
-
         self.settings = settings
-        self.max_model_len = vllm_config.model_config.max_model_len
-        self.proposer = NgramProposer(vllm_config)
+        self.drafter = drafter
         self.verifier = DraftVerifier(host_sampler, vllm_config.model_config.logprobs_mode)
-        self._token_ids = np.zeros((num_slots, self.max_model_len), dtype=np.int32)
-        self._num_tokens = np.zeros(num_slots, dtype=np.int32)
         self._produced: list[RequestState] = []
 
     def warmup_kwargs(self) -> dict[str, Any]:
@@ -149,6 +131,8 @@ class Speculation:
         tokens = self.accept(output, plan.rows, drafts)
         for r, row_tokens in zip(plan.rows, tokens, strict=True):
             r.state.output_token_ids.extend(row_tokens)
+            drafted = len(drafts.get(r.state.req_id, ()))
+            self.drafter.verified(r.state.req_id, drafted, min(len(row_tokens) - 1, drafted))
         return ModelRunnerOutput(
             req_ids=[r.state.req_id for r in plan.rows],
             req_id_to_index={r.state.req_id: i for i, r in enumerate(plan.rows)},
@@ -161,18 +145,15 @@ class Speculation:
         """The rows that gained tokens in the step just sampled (they get drafts next)."""
         self._produced = states
 
+    def released(self, states: list[RequestState]) -> None:
+        """Rows that left the batch (finished or preempted): the drafter forgets them."""
+        self.drafter.forget(s.req_id for s in states)
+
     def take_draft_token_ids(self) -> DraftTokenIds | None:
-        """vLLM's ``NgramProposer`` over the rows that produced a token last step; rows whose
+        """The drafter's drafts for the rows that produced a token last step; rows whose
         sampling the verify path does not carry get no drafts (they decode one token a step)."""
         states = [s for s in self._produced if drafts_blocked_by([row_sampling(s)]) is None]
         self._produced = []
         if not states:
             return None
-        sampled: list[list[int]] = [[] for _ in range(self._token_ids.shape[0])]
-        for state in states:
-            tokens = state.token_ids(min(state.num_tokens, self.max_model_len))
-            self._token_ids[state.slot, : len(tokens)] = tokens
-            self._num_tokens[state.slot] = len(tokens)
-            sampled[state.slot] = [tokens[-1]]
-        drafts = self.proposer.propose(self.settings.num_tokens, sampled, self._num_tokens, self._token_ids)
-        return DraftTokenIds([s.req_id for s in states], [list(drafts[s.slot]) for s in states])
+        return DraftTokenIds([s.req_id for s in states], self.drafter.propose(states))

@@ -45,6 +45,7 @@ from vllm_tt_host.models.frame.prompt_logits import all_position_logits
 from vllm_tt_host.models.frame.readback import DecodeHandle, DecodeReader
 from vllm_tt_host.models.frame.sampling_step import device_sample, plain_greedy
 from vllm_tt_host.models.frame.shapes import (
+    MAX_VERIFY_TOKENS,
     PREFILL_BUCKETS,
     HostModelInputError,
     TraceKey,
@@ -80,6 +81,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         "max_device_logprobs": 0,
         "supports_prompt_logprobs": True,
         "supports_verify_decode": True,
+        "max_verify_tokens": MAX_VERIFY_TOKENS,
         "prefill_trace_lens": list(PREFILL_BUCKETS),
     }
 

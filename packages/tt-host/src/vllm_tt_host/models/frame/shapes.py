@@ -14,6 +14,11 @@ PREFILL_BUCKETS: tuple[int, ...] = (128, 1024, 2048, 4096)
 """Prefill lengths host models run; a longer chunk is an error (the runner chunks to these)."""
 
 
+MAX_VERIFY_TOKENS = 8
+"""Longest verify trace a host model captures (``1 + K``: up to K=7 drafts per row), declared
+as ``max_verify_tokens``; tt-metal models size theirs to the decode trace's L1 room."""
+
+
 class HostModelInputError(ValueError):
     """A forward call's inputs do not fit the shapes the model was built for."""
 

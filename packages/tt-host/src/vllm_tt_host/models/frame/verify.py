@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 VERIFY_KWARG = "num_valid_tokens"
 """``decode_forward``'s verify argument (the model contract's ``VERIFY_KWARG``)."""
 
-
 def sub_step_positions(start: torch.Tensor, valid: torch.Tensor, width: int) -> list[torch.Tensor]:
     """Position of each row at each of the ``width`` verify positions (-1 where the row has
     no real token there), from the row's first position ``start`` and real-token count."""

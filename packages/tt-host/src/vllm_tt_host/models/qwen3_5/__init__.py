@@ -3,7 +3,7 @@ full-attention layers."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import decoder_without, HostFamily
+from vllm_tt_host.models.frame.family import HostFamily, decoder_without
 
 FAMILY = HostFamily(
     __name__,

@@ -1,0 +1,234 @@
+"""Drafter-model benchmark: single-stream decode on the modelled device clock of Llama 3.3 70B on a
+Galaxy (TG), without speculation, with n-gram drafts and with a 1B-class drafter model, K in
+{1, 2, 3, 5}, at the acceptance the tiny models measure and at a swept acceptance.
+
+The engine runs in-process on the host mesh backend with modelled device time
+(``llama-3.3-70b@TG`` for the target's programs) and the tiny models' real math. The drafter is
+the tiny target's first layer (``vllm_tt_testing.checkpoints.cached_drafter``); its programs
+are costed as **Llama 3.2 1B on the same TG mesh** (this script sets the drafter model's costs
+after the engine is built: the host backend costs every model on a mesh alike). One request at
+a time, greedy, device sampling on (greedy verify steps are verified on the device).
+
+Acceptance sweep: after the real drafter has run (its programs, hence its device time, are
+unchanged), each draft is replaced by the token the target will choose there (known from the
+run without speculation) with probability ``alpha``, else by another token: per-position
+acceptance ``alpha``, i.i.d., so a verify step keeps on average ``(1 - alpha^(K+1)) / (1 -
+alpha)`` tokens. ``alpha = 0`` is "every draft misses". For n-gram the same replacement gives
+every row K drafts (n-gram drafts cost no device time). "measured" rows keep the drafters' own
+drafts.
+
+Targets: draft_model >= 1.8x decode tokens/s at alpha 0.7, K=3; >= 0.97x when every draft
+misses (K=1, 2, 3, 5).
+
+    python benchmarks/draft_bench.py [--quick]
+
+Writes benchmarks/results/draft_bench.json and draft_bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from report import write_results
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "testing")]
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TT_MESH_BACKEND", "host")
+
+from spec_bench import prompts, spec_counters  # noqa: E402  (benchmarks/ is the script's folder)
+
+RESULTS = Path(__file__).parent / "results"
+DEVICE_TIME = "llama-3.3-70b@TG"
+DRAFTER_PROFILE = "llama-3.2-1b"
+KS = (1, 2, 3, 5)
+ALPHAS: tuple[float | None, ...] = (None, 0.9, 0.7, 0.5, 0.0)
+"""``None``: the drafter's own drafts (the acceptance the tiny models measure)."""
+NEW_TOKENS = 64
+
+
+class ScriptedAcceptance:
+    """Wraps the runner's drafter: its programs run as they are, then each draft becomes the
+    reference token with probability ``alpha`` (``None``: drafts untouched)."""
+
+    def __init__(self, inner: Any, num_tokens: int, vocab: int, references: dict[tuple[int, ...], list[int]],
+                 every_row: bool) -> None:
+        self.inner, self.num_tokens, self.vocab, self.references = inner, num_tokens, vocab, references
+        self.every_row = every_row
+        """n-gram: every row gets K drafts (the n-gram drafter proposes none on most random steps)."""
+        self.alpha: float | None = None
+        self.rng = random.Random(31)
+
+    def propose(self, states: list[Any]) -> list[list[int]]:
+        drafts = self.inner.propose(states)
+        if self.alpha is None:
+            return drafts
+        out = []
+        for state, row in zip(states, drafts, strict=True):
+            reference = self.references[tuple(state.prompt_token_ids)]
+            done = len(state.output_token_ids)
+            count = min(self.num_tokens if self.every_row else len(row), len(reference) - done)
+            out.append([t if self.rng.random() < self.alpha else (t + 1) % self.vocab
+                        for t in reference[done : done + max(count, 0)]])
+        return out
+
+    def forget(self, req_ids: Any) -> None:
+        self.inner.forget(req_ids)
+
+    def verified(self, req_id: str, drafted: int, accepted: int) -> None:
+        self.inner.verified(req_id, drafted, accepted)
+
+
+def make_engine(model_dir: Path, method: str | None, k: int, drafter: Path) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1},
+            "draft_model": {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k},
+            None: None}[method]
+    tt = {"mesh_backend": "host", "host_device_time": DEVICE_TIME, "sample_on_device_mode": "all"}
+    return LLMEngine.from_engine_args(EngineArgs(
+        model=str(model_dir), max_num_seqs=1, max_model_len=512, seed=0, speculative_config=spec,
+        enable_prefix_caching=False, additional_config={"tt": tt},
+    ))
+
+
+def runner_of(engine: Any) -> Any:
+    return engine.engine_core.engine_core.model_executor.driver_worker.worker.runner
+
+
+def cost_drafter_as_1b(runner: Any) -> str:
+    """The drafter's programs take Llama 3.2 1B's modelled time on the target's TG mesh."""
+    from vllm_tt_platform.cost.device_time import parse_device_time
+
+    model = runner._draft_model.model
+    costs = parse_device_time(f"{DRAFTER_PROFILE}@TG").resolve(model.costs.dims, model.device.mesh_shape, None)
+    model.costs = costs
+    return costs.description
+
+
+def single_stream(engine: Any, workload: list[list[int]]) -> dict[str, Any]:
+    """Decode tokens/s and ms per token on the device clock (first decode step to last, as
+    ``spec_bench.single_stream``), vLLM's draft acceptance and the outputs, greedy."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    device = runner_of(engine).mesh_device
+    drafted, accepted = spec_counters(engine)
+    device_s, wall_s, tokens, outputs = 0.0, 0.0, 0, []
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(workload):
+        engine.add_request(f"r{time.monotonic_ns()}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+        for out in engine.step():  # the prefill step
+            assert not out.finished
+        start = (device.modelled_device_seconds, time.perf_counter())
+        while engine.has_unfinished_requests():
+            outputs += [list(out.outputs[0].token_ids) for out in engine.step() if out.finished]
+        device_s += device.modelled_device_seconds - start[0]
+        wall_s += time.perf_counter() - start[1]
+        tokens += NEW_TOKENS - 1
+    drafted_now, accepted_now = spec_counters(engine)
+    drafts = drafted_now - drafted
+    return {"tokens_per_s": tokens / device_s, "ms_per_token": device_s / tokens * 1e3,
+            "wall_tokens_per_s": tokens / wall_s, "draft_tokens": drafts,
+            "acceptance": (accepted_now - accepted) / drafts if drafts else None, "outputs": outputs}
+
+
+def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
+    from vllm_tt_testing.checkpoints import cached_drafter, cached_tiny
+
+    model_dir, drafter = cached_tiny("llama"), cached_drafter("llama")
+    workload = prompts("random", count) + prompts("repetitive", count)
+    cases: list[dict[str, Any]] = []
+    engine = make_engine(model_dir, None, 0, drafter)
+    try:
+        single_stream(engine, workload[:1])  # warm-up
+        base = single_stream(engine, workload)
+    finally:
+        engine.engine_core.shutdown()
+    references = {tuple(p): out for p, out in zip(workload, base["outputs"], strict=True)}
+    cases.append({"method": "off", "k": 0, "alpha": None, **base})
+    drafter_costs = ""
+    for method in ("ngram", "draft_model"):
+        for k in ks:
+            engine = make_engine(model_dir, method, k, drafter)
+            try:
+                runner = runner_of(engine)
+                if method == "draft_model":
+                    drafter_costs = cost_drafter_as_1b(runner)
+                spec = runner.speculation
+                scripted = ScriptedAcceptance(spec.drafter, k, runner.sampling.vocab_size, references,
+                                              every_row=method == "ngram")
+                spec.drafter = scripted
+                single_stream(engine, workload[:1])  # warm-up
+                for alpha in ALPHAS:
+                    scripted.alpha = alpha
+                    cases.append({"method": method, "k": k, "alpha": alpha, **single_stream(engine, workload)})
+            finally:
+                engine.engine_core.shutdown()
+    for c in cases:
+        c["speedup"] = c["tokens_per_s"] / base["tokens_per_s"]
+        c["same_tokens_as_off"] = c.pop("outputs") == base["outputs"]
+    by = {(c["method"], c["k"], c["alpha"]): c["speedup"] for c in cases}
+    targets = {}
+    if 3 in ks:
+        targets["draft_model K=3 at alpha 0.7 >= 1.8x"] = by["draft_model", 3, 0.7] >= 1.8
+    targets["draft_model every draft misses >= 0.97x (each K)"] = all(by["draft_model", k, 0.0] >= 0.97 for k in ks)
+    targets["tokens identical to off (greedy)"] = all(c["same_tokens_as_off"] for c in cases)
+    return {"cases": cases, "targets": targets, "drafter_costs": drafter_costs}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Drafter-model benchmark (single stream, modelled Llama 3.3 70B on TG)",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Host: {result['host']}. Engine in-process, host mesh backend; target programs on the modelled "
+        f"device clock `{DEVICE_TIME}`, drafter programs as `{DRAFTER_PROFILE}` on the same mesh "
+        f"({result['drafter_costs']}); tiny models' real math. {result['requests']} greedy requests (half "
+        f"random prompts, half repetitive), one at a time, {NEW_TOKENS} new tokens each, device sampling on. "
+        "alpha: per-position acceptance forced by replacing drafts after the drafter ran (see the script); "
+        "'measured': the drafter's own drafts. acceptance = vLLM's accepted / proposed drafts. tokens/s, "
+        "ms/token (mean inter-token latency) and speed-up are on the modelled device clock.",
+        "",
+        "| method | K | alpha | tokens/s | ms/token | speed-up | acceptance (drafts) | wall tokens/s | same tokens |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in result["cases"]:
+        alpha = "-" if c["method"] == "off" else ("measured" if c["alpha"] is None else f"{c['alpha']:.1f}")
+        accepted = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%} ({c['draft_tokens']})"
+        lines.append(f"| {c['method']} | {c['k'] or '-'} | {alpha} | {c['tokens_per_s']:.1f} | "
+                     f"{c['ms_per_token']:.2f} | {c['speedup']:.2f}x | {accepted} | {c['wall_tokens_per_s']:.1f} | "
+                     f"{'yes' if c['same_tokens_as_off'] else 'NO'} |")
+    targets = ", ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in result["targets"].items())
+    lines += ["", f"Targets: {targets}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one request per workload, K=3 only (smoke run)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    count, ks = (1, (3,)) if args.quick else (2, KS)
+    import torch
+
+    result = {
+        "command": "python benchmarks/draft_bench.py" + (" --quick" if args.quick else ""),
+        "host": f"{platform.machine()} torch {torch.__version__}, {os.cpu_count()} cores",
+        "requests": 2 * count,
+        **run(count, ks),
+    }
+    write_results(result, args.out / "draft_bench.json", args.out / "draft_bench.md", markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Checks every speculative decoding method must pass, shared by the n-gram and drafter-model
+tests: greedy and sampled generation through ``vllm.LLM``, vLLM's spec-decode counters, the
+chi-square test of sampled continuations against transformers' exact distribution, and the
+OpenAI-client calls of the serve tests."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.e2e.helpers import hf_greedy, repetitive_prompts
+
+
+def generate(llm, prompts, params):
+    """Token ids of each prompt's first completion, in order."""
+    from vllm.inputs import TokensPrompt
+
+    return [list(r.outputs[0].token_ids) for r in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                                               params, use_tqdm=False)]
+
+
+def mixed_prompts(vocab: int, count: int = 24) -> list[list[int]]:
+    """The n-gram workload's prompts and random ones of 8-60 tokens (where the drafter's and
+    the target's greedy choices part more often)."""
+    rng = random.Random(31)
+    base = repetitive_prompts(vocab)
+    return base + [[rng.randrange(3, vocab) for _ in range(rng.randrange(8, 60))] for _ in range(count - len(base))]
+
+
+def counter(llm, name: str) -> int:
+    """A vLLM counter of ``llm.get_metrics()``, summed over its label sets."""
+    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
+
+SAMPLED = {"temperature": 0.5, "top_k": 4}
+"""The tiny model's logits are nearly flat but ordered: at temperature 0.5 its 4 best tokens
+after its own greedy loop have probabilities ~0.70, 0.11, 0.10, 0.09 (at 1.0: ~0.47, 0.19,
+0.18, 0.17, too flat for 400 samples to tell temperature 1.25 from 1), so a draft continuing
+the loop is kept most of the time, and a row that leaves the loop gets drafts that miss."""
+
+
+def loop_prompt(model_dir: Path, llm) -> list[int]:
+    """A repetitive prompt followed by the model's own greedy loop: n-gram drafts continue the
+    loop, the token the model likes best, so sampled rows accept a fair share of them."""
+    base = repetitive_prompts(llm.get_tokenizer().vocab_size)[0]
+    return base + hf_greedy(model_dir, [base], 8)[0]
+
+
+def counter_replay(model_dir: Path, prompt: list[int], seed: int, max_tokens: int) -> list[int]:
+    """The tokens a seeded request draws without speculation, on the device or the host: at each
+    position the counter-stream uniform ``seeded_uniform(seed, position)`` picks by inverse CDF
+    from transformers' top-k distribution."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from vllm_tt_sampling.device.draw import inverse_cdf_draw
+    from vllm_tt_sampling.device.rng import seeded_uniform
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            scaled = model(torch.tensor([tokens])).logits[:, -1].float() / SAMPLED["temperature"]
+            uniform = torch.tensor([seeded_uniform(seed, len(tokens) - 1)], dtype=torch.float64)
+            top_k = torch.tensor([SAMPLED["top_k"]])
+            draw = inverse_cdf_draw(scaled, top_k=top_k, top_p=torch.ones(1), uniforms=uniform)
+            tokens.append(int(draw[0]))
+    return tokens[len(prompt):]
+
+
+
+DIST_TOKENS = 4
+DIST_SAMPLES = 400
+DIST_ALPHA = 1e-3
+"""False-failure probability of each chi-square test below (when the engine is right)."""
+
+
+def continuation_probs(model_dir: Path, prompt: list[int], length: int,
+                       temperature: float = SAMPLED["temperature"]) -> dict[tuple[int, ...], float]:
+    """Transformers' exact probability of every ``length``-token continuation (top-k as in
+    ``SAMPLED``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    level: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(length):
+            prefixes = list(level)
+            logits = model(torch.tensor([prompt + list(p) for p in prefixes])).logits[:, -1].float()
+            values, ids = (logits / temperature).topk(SAMPLED["top_k"], dim=-1)
+            probs = values.softmax(dim=-1, dtype=torch.float64)
+            level = {
+                prefix + (int(t),): level[prefix] * float(q)
+                for prefix, row_ids, row_probs in zip(prefixes, ids, probs, strict=True)
+                for t, q in zip(row_ids, row_probs, strict=True)
+            }
+    return level
+
+
+def chi_square_survival(x: float, df: int) -> float:
+    """P(chi-square with ``df`` degrees of freedom >= x), exact (regularized upper gamma)."""
+    half = x / 2
+    if df % 2 == 0:
+        term = total = 1.0
+        for i in range(1, df // 2):
+            term *= half / i
+            total += term
+        return math.exp(-half) * total
+    total, term = math.erfc(math.sqrt(half)), math.sqrt(half) / math.gamma(1.5)
+    for i in range(df // 2):
+        total += math.exp(-half) * term
+        term *= half / (i + 1.5)
+    return total
+
+
+def chi_square_p_value(samples: list[tuple[int, ...]], probs: dict[tuple[int, ...], float]) -> float:
+    """Pearson's goodness of fit of ``samples`` to ``probs``: continuations expected at least 5
+    times are their own bin, the rest one pooled bin (folded into the smallest if expected < 5)."""
+    n = len(samples)
+    counts = Counter(samples)
+    bins = [(counts[seq], n * p) for seq, p in probs.items() if n * p >= 5]
+    kept = {seq for seq, p in probs.items() if n * p >= 5}
+    rest = (sum(c for seq, c in counts.items() if seq not in kept), n - sum(e for _, e in bins))
+    if rest[1] >= 5:
+        bins.append(rest)
+    else:
+        bins.sort(key=lambda b: b[1])
+        bins[0] = (bins[0][0] + rest[0], bins[0][1] + rest[1])
+    statistic = sum((observed - expected) ** 2 / expected for observed, expected in bins)
+    return chi_square_survival(statistic, len(bins) - 1)
+
+
+
+def assert_keeps_target_distribution(llm, model_dir: Path, prompt: list[int],
+                                     acceptance_range: tuple[float, float] = (0.2, 0.9)) -> None:
+    """Sampled 4-token continuations of ``prompt`` under speculation follow transformers' exact
+    distribution (Pearson chi-square over the continuations, ``DIST_ALPHA``), unseeded (vLLM's
+    rejection sampler) and seeded (one seed per request: deterministic), while the share of
+    drafts accepted stays in ``acceptance_range``. The seeded sample also rejects the
+    distribution at 1.25 times the temperature (power ~0.99 at 400 samples, simulated): the
+    test tells nearby distributions apart."""
+    from vllm import SamplingParams
+
+    probs = continuation_probs(model_dir, prompt, DIST_TOKENS)
+    low, high = acceptance_range
+    for seeds in ([None] * DIST_SAMPLES, list(range(DIST_SAMPLES))):
+        drafted = counter(llm, "vllm:spec_decode_num_draft_tokens")
+        accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+        params = [SamplingParams(max_tokens=DIST_TOKENS, ignore_eos=True, seed=s, **SAMPLED) for s in seeds]
+        samples = [tuple(t) for t in generate(llm, [prompt] * DIST_SAMPLES, params)]
+        drafted = counter(llm, "vllm:spec_decode_num_draft_tokens") - drafted
+        acceptance = (counter(llm, "vllm:spec_decode_num_accepted_tokens") - accepted) / max(drafted, 1)
+        assert drafted >= DIST_SAMPLES and low <= acceptance <= high, (seeds[0], drafted, acceptance)
+        assert chi_square_p_value(samples, probs) > DIST_ALPHA, (seeds[0], chi_square_p_value(samples, probs))
+    hotter = continuation_probs(model_dir, prompt, DIST_TOKENS, temperature=1.25 * SAMPLED["temperature"])
+    assert chi_square_p_value(samples, hotter) < DIST_ALPHA
+
+
+# -- through `vllm serve` (the OpenAI client) ---------------------------------------------------
+
+def client_for(url: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+
+def complete(url: str, prompt: list[int], max_tokens: int = 24, **kwargs: Any) -> dict[str, Any]:
+    return client_for(url).completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                              **kwargs).model_dump()
+
+
+def stream(url: str, prompt: list[int], max_tokens: int = 24, **kwargs: Any) -> tuple[str, list[int]]:
+    """The streamed text and token ids, joined from the chunks."""
+    text, ids = [], []
+    for chunk in client_for(url).completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                                    stream=True, **kwargs):
+        choice = chunk.model_dump()["choices"][0]
+        text.append(choice["text"])
+        ids.extend(choice.get("token_ids") or [])
+    return "".join(text), ids
+
+
+def concurrently(fn: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda args: fn(*args), calls))
+
+
+def accepted_drafts(url: str) -> float:
+    """vLLM's acceptance counter, summed over its label sets."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -1,0 +1,86 @@
+"""A drafter model through `vllm serve` (``method: draft_model``, issue 31), one server, in lane
+mode: the host backend emulating a Galaxy (``MESH_DEVICE=TG``), ``--data-parallel-size 4``
+folded into 4 lanes of 2 rows, the 1-layer drafter beside the target on the same mesh, K=3,
+device sampling on (greedy verify steps are verified on the device).
+
+Greedy streaming equals non-streaming equals transformers' target, 24 clients at once (each
+lane's rows drafted by the one drafter program, small per-lane KV pools that preempt rows with
+drafts in flight); stop strings end the text exactly; vLLM's /metrics count accepted drafts;
+the startup summary names the method, K, the verify shape per lane, where the drafter runs and
+what its KV costs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import assert_greedy_equal, hf_greedy, serve
+from tests.e2e.spec_checks import accepted_drafts, complete, concurrently, mixed_prompts, stream
+
+pytestmark = pytest.mark.e2e
+
+LANES, ROWS, K = 4, 2, 3
+MAX_NEW_TOKENS = 24
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    from vllm_tt_testing.checkpoints import cached_drafter
+
+    model_dir = tiny_checkpoint("llama")
+    spec = {"method": "draft_model", "model": str(cached_drafter("llama")), "num_speculative_tokens": K}
+    log = tmp_path_factory.mktemp("draft_serve") / "serve.log"
+    args = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS),
+            "--api-server-count", "1", "--max-model-len", "256", "--speculative-config", json.dumps(spec),
+            "--num-gpu-blocks-override", "5", "--additional-config.tt.sample_on_device_mode", "all")
+    with serve(model_dir, *args, env={"MESH_DEVICE": "TG"}, log=log) as url:
+        yield model_dir, url, log
+
+
+@pytest.fixture(scope="module")
+def prompts(server) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    return mixed_prompts(AutoTokenizer.from_pretrained(server[0]).vocab_size)
+
+
+def test_streaming_equals_plain_equals_transformers_in_lanes(server, prompts):
+    model_dir, url, _ = server
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
+    before = accepted_drafts(url)
+    plain = concurrently(lambda p: complete(url, p, **GREEDY), [(p,) for p in prompts])
+    streamed = concurrently(lambda p: stream(url, p, **GREEDY), [(p,) for p in prompts])
+    assert_greedy_equal(prompts, [r["choices"][0]["token_ids"] for r in plain], expected)
+    assert [ids for _, ids in streamed] == expected
+    assert [text for text, _ in streamed] == [r["choices"][0]["text"] for r in plain]
+    assert complete(url, prompts[0], **GREEDY)["choices"][0]["token_ids"] == expected[0]
+    assert accepted_drafts(url) > before
+
+
+def test_stop_strings_end_the_text_exactly(server, prompts):
+    """A stop string inside the greedy continuation ends the text right before it, streamed or
+    not, although a verify step's accepted drafts may run past it."""
+    _, url, _ = server
+    tested = 0
+    for prompt in prompts[:8]:
+        full = complete(url, prompt, **GREEDY)["choices"][0]["text"]
+        stop = full[len(full) // 2 : len(full) // 2 + 3]
+        if len(stop) < 3 or "\ufffd" in stop:  # short text, or inside an incomplete UTF-8 run
+            continue
+        cut = full[: full.index(stop)]
+        assert complete(url, prompt, stop=[stop], **GREEDY)["choices"][0]["text"] == cut
+        assert stream(url, prompt, stop=[stop], **GREEDY)[0] == cut
+        tested += 1
+    assert tested >= 3
+
+
+def test_startup_summary_names_the_drafter(server):
+    _, _, log = server
+    text = Path(log).read_text()
+    assert (f"speculation draft_model, K={K}, verify trace [{ROWS} rows, {1 + K}] per lane x {LANES} lanes, "
+            "verified on device when every row is greedy") in text
+    assert "(1-layer HostLlamaForCausalLM) as a second program on the same mesh, KV 16.0 KiB/block" in text
