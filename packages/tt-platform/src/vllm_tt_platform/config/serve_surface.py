@@ -140,9 +140,7 @@ SURFACE: tuple[Entry, ...] = (
         "disable_cascade_attn", "use_fp64_gumbel", "attention_config", "kernel_config", "compilation_config",
         "optimization_level", "performance_mode", "enable_layerwise_nvtx_tracing", "jit_monitor_mode",
         "jit_monitor_verbose")),
-    Entry(N, "GPU memory: the TT KV cache is sized on the mesh by the runner", (
-        "gpu_memory_utilization", "kv_cache_memory_bytes", "enable_cumem_allocator", "mm_ipc_gpu_memory_gb",
-        "enable_shm_tensor_arena")),
+    Entry(N, "CUDA memory allocators and GPU-side IPC buffers", ("enable_cumem_allocator", "mm_ipc_gpu_memory_gb")),
     Entry(N, "NCCL/torch.distributed collectives between GPU workers; a TT model spreads over the mesh", (
         "enable_nccl_comm_suspend", "disable_custom_all_reduce", "disable_nccl_for_dp_synchronization",
         "master_addr", "master_port", "nnodes", "node_rank", "distributed_timeout_seconds",
@@ -157,6 +155,8 @@ SURFACE: tuple[Entry, ...] = (
     Entry(G, "trace mode is set by --additional-config.tt.trace_mode; --enforce-eager is not read",
           ("enforce_eager",)),
     Entry(G, "the TT phase scheduler and lanes do not order by priority", ("scheduling_policy",)),
+    Entry(G, "not read: the runner sizes the KV cache on the mesh (its budget, or --num-gpu-blocks-override)", (
+        "gpu_memory_utilization", "kv_cache_memory_bytes")),
     Entry(G, "accepted, no TT test shows its effect", (
         "seed", "tokenizer_mode", "dtype", "quantization", "quantization_config", "allow_deprecated_quantization",
         "max_logprobs", "logprobs_mode", "generation_config", "override_generation_config", "skip_tokenizer_init",
@@ -176,7 +176,8 @@ SURFACE: tuple[Entry, ...] = (
         "safetensors_prefetch_num_threads", "safetensors_prefetch_block_size", "max_parallel_loading_workers",
         "worker_extension_cls", "enable_fault_tolerance", "fault_tolerance_config", "video_pruning_rate",
         "video_pruning_method", "mm_tensor_ipc", "mm_processor_device", "mm_device_do_normalize",
-        "mm_encoder_only", "mm_encoder_tp_mode", "mm_encoder_attn_dtype", "enable_hc_sp")),
+        "mm_encoder_only", "mm_encoder_tp_mode", "mm_encoder_attn_dtype", "enable_hc_sp",
+        "enable_shm_tensor_arena")),
     Entry(G, "mm encoder fp8 scales: accepted, not read by TT vision encoders", prefix="mm_encoder_fp8_"),
     Entry(G, "recurrent-state cache options: accepted, no TT test shows their effect", (
         "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size", "mamba_cache_mode",
