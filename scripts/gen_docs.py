@@ -1,7 +1,8 @@
 """Write the generated docs pages or, with --check, fail if any is stale.
 
 The pages: the configuration reference (from ``TTConfig`` and the env tables), the model families and the
-feature-support matrix (from the model registry, scripts/model_pages.py); in every other page the
+feature-support matrix (from the model registry, scripts/model_pages.py, and the ``vllm serve`` surface
+table, ``vllm_tt_platform.config.serve_surface``); in every other page the
 ``<!-- generated: NAME -->`` figures (scripts/doc_figures.py, from benchmarks/results). --check also
 fails on a machine-local path or a hand-written test figure in README.md or docs/*.md.
 """
@@ -16,6 +17,7 @@ import doc_figures
 from model_pages import features_page, models_page
 from vllm_tt_host.envs import markdown_table as host_env_table
 from vllm_tt_platform.config.options import markdown_reference
+from vllm_tt_platform.config.serve_surface import markdown_table as serve_surface_table
 
 
 def configuration_page() -> str:
@@ -24,11 +26,16 @@ def configuration_page() -> str:
             + host_env_table())
 
 
+def feature_page() -> str:
+    """The model families' features, then what each of vLLM's own serve options does on TT."""
+    return features_page() + "\n" + serve_surface_table()
+
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES: dict[Path, Callable[[], str]] = {
     DOCS / "configuration.md": configuration_page,
     DOCS / "models.md": models_page,
-    DOCS / "features.md": features_page,
+    DOCS / "features.md": feature_page,
 }
 
 
