@@ -164,6 +164,27 @@ def assert_keeps_target_distribution(llm, model_dir: Path, prompt: list[int],
 
 # -- through `vllm serve` (the OpenAI client) ---------------------------------------------------
 
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+"""Greedy completions of a fixed length that return their token ids."""
+
+
+def assert_stop_strings_exact(url: str, prompts: list[list[int]]) -> None:
+    """A stop string from the middle of each greedy continuation ends the text right before it,
+    streamed or not (at least 3 prompts tested), although a verify step's accepted drafts may
+    run past it."""
+    tested = 0
+    for prompt in prompts:
+        full = complete(url, prompt, **GREEDY)["choices"][0]["text"]
+        stop = full[len(full) // 2 : len(full) // 2 + 3]
+        if len(stop) < 3 or "\ufffd" in stop:  # short text, or inside an incomplete UTF-8 run
+            continue
+        cut = full[: full.index(stop)]
+        assert complete(url, prompt, stop=[stop], **GREEDY)["choices"][0]["text"] == cut
+        assert stream(url, prompt, stop=[stop], **GREEDY)[0] == cut
+        tested += 1
+    assert tested >= 3
+
+
 def client_for(url: str) -> Any:
     import openai
 

@@ -18,13 +18,20 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import assert_greedy_equal, hf_greedy, serve
-from tests.e2e.spec_checks import accepted_drafts, complete, concurrently, mixed_prompts, stream
+from tests.e2e.spec_checks import (
+    GREEDY,
+    accepted_drafts,
+    assert_stop_strings_exact,
+    complete,
+    concurrently,
+    mixed_prompts,
+    stream,
+)
 
 pytestmark = pytest.mark.e2e
 
 LANES, ROWS, K = 4, 2, 3
 MAX_NEW_TOKENS = 24
-GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +72,7 @@ def test_stop_strings_end_the_text_exactly(server, prompts):
     """A stop string inside the greedy continuation ends the text right before it, streamed or
     not, although a verify step's accepted drafts may run past it."""
     _, url, _ = server
-    tested = 0
-    for prompt in prompts[:8]:
-        full = complete(url, prompt, **GREEDY)["choices"][0]["text"]
-        stop = full[len(full) // 2 : len(full) // 2 + 3]
-        if len(stop) < 3 or "\ufffd" in stop:  # short text, or inside an incomplete UTF-8 run
-            continue
-        cut = full[: full.index(stop)]
-        assert complete(url, prompt, stop=[stop], **GREEDY)["choices"][0]["text"] == cut
-        assert stream(url, prompt, stop=[stop], **GREEDY)[0] == cut
-        tested += 1
-    assert tested >= 3
+    assert_stop_strings_exact(url, prompts[:8])
 
 
 def test_startup_summary_names_the_drafter(server):

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 
 LANES, ROWS = 4, 8
 CONCURRENT = 64
+FULL_TRIES = 4
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
 
 
@@ -54,23 +55,29 @@ def complete(client: Any, request: dict[str, Any]) -> list[int]:
 def test_concurrent_requests_complete_with_their_single_request_output(lane_server) -> None:
     client, _, trace = lane_server
     requests = _requests()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
-        together = list(pool.map(lambda r: complete(client, r), requests))
-    steps_while_concurrent = len(trace.read_text().splitlines())
     alone = [complete(client, r) for r in requests]
-    assert [len(t) for t in together] == [r["max_tokens"] for r in requests]
-    assert together == alone
-
-    steps = [json.loads(line) for line in trace.read_text().splitlines()][:steps_while_concurrent]
-    assert {s["phase"] for s in steps} <= {"prefill", "decode", "empty"}
-    assert all(len(s["lanes"]) == LANES for s in steps)
-    assert max(lane["num_running"] for s in steps for lane in s["lanes"]) == ROWS
-    assert max(s["num_running"] for s in steps) == LANES * ROWS
-    busy = [sum(bool(lane["scheduled"]) for lane in s["lanes"]) for s in steps if s["phase"] == "decode"]
-    assert max(busy) == LANES  # one decode step over every lane's rows
-    for s in steps:
-        if s["phase"] == "decode":
-            assert all(n == 1 for n in s["scheduled"].values()), s
+    assert [len(t) for t in alone] == [r["max_tokens"] for r in requests]
+    # Every lane full at once is a timing precondition: on a loaded machine the clients' requests
+    # can arrive slower than the lanes finish them. Each try keeps every assertion; one of at most
+    # FULL_TRIES must fill all 4 lanes x 8 rows.
+    full = False
+    for _ in range(FULL_TRIES):
+        first = len(trace.read_text().splitlines())
+        with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
+            together = list(pool.map(lambda r: complete(client, r), requests))
+        assert together == alone
+        steps = [json.loads(line) for line in trace.read_text().splitlines()[first:]]
+        assert {s["phase"] for s in steps} <= {"prefill", "decode", "empty"}
+        assert all(len(s["lanes"]) == LANES for s in steps)
+        assert max(lane["num_running"] for s in steps for lane in s["lanes"]) <= ROWS
+        for s in steps:
+            if s["phase"] == "decode":
+                assert all(n == 1 for n in s["scheduled"].values()), s
+        busy = [sum(bool(lane["scheduled"]) for lane in s["lanes"]) for s in steps if s["phase"] == "decode"]
+        full = max(s["num_running"] for s in steps) == LANES * ROWS and max(busy) == LANES
+        if full:  # every lane at its 8 rows, one decode step over every lane's rows
+            break
+    assert full
 
 
 def test_log_names_the_lane_topology(lane_server) -> None:

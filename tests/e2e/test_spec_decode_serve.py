@@ -21,7 +21,14 @@ import httpx
 import pytest
 
 from tests.e2e.helpers import hf_greedy, repetitive_prompts, serve
-from tests.e2e.spec_checks import accepted_drafts, complete, concurrently, stream
+from tests.e2e.spec_checks import (
+    GREEDY,
+    accepted_drafts,
+    assert_stop_strings_exact,
+    complete,
+    concurrently,
+    stream,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +41,6 @@ and rejected (at 0.2, 29 of 768 sampled tokens came from accepted drafts)."""
 SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SERVE_ARGS = ("--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
               "--speculative-config", json.dumps(SPEC), "--additional-config.tt.sample_on_device_mode", "all")
-GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +88,7 @@ def test_stop_strings_end_the_text_exactly(server, prompts):
     """A stop string inside the greedy continuation ends the text right before it, streamed or
     not, although the accepted drafts of a verify step may run past it."""
     _, url = server
-    tested = 0
-    for prompt in prompts:
-        full = complete(url, prompt, **GREEDY)["choices"][0]["text"]
-        stop = full[len(full) // 2 : len(full) // 2 + 3]
-        if len(stop) < 3 or "\ufffd" in stop:  # short text, or inside an incomplete UTF-8 run
-            continue
-        cut = full[: full.index(stop)]
-        assert complete(url, prompt, stop=[stop], **GREEDY)["choices"][0]["text"] == cut
-        assert stream(url, prompt, stop=[stop], **GREEDY)[0] == cut
-        tested += 1
-    assert tested >= 3
+    assert_stop_strings_exact(url, prompts)
 
 
 def uniformity_distance(values: list[float]) -> float:
