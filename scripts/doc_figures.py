@@ -78,7 +78,7 @@ def _tiers(root: Path) -> str:
     data = _first_hour(root)
     rows = [f"| `{t['command']}` | {t['tests']:,} | {t['seconds']:,.0f} s ({t['seconds'] / 60:.1f} min) | {t['note']} |"
             for t in data["tiers"].values()]
-    return "\n".join([f"Measured on the 2-core machine shared with other work at {data['commit']} "
+    return "\n".join([f"Measured on {data['tiers_machine']} at {data['tiers_commit']} "
                       f"(`{RESULTS}/first_hour.json`):", "",
                       "| command | tests | wall | conditions |", "|---|---:|---:|---|", *rows])
 
