@@ -13,6 +13,22 @@ from typing import Any
 
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image, user_message
 
+REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
+"""Image kinds per request; two of one kind use different seeds (different pixels)."""
+
+
+WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"
+                       b"\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
+BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
+    "video": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}],
+    "audio": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}],
+    "three images": [],  # the tests fill in three image parts
+    "corrupt image": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdlIGF0IGFsbA=="}}],
+}
+"""What the front end refuses with a 400 (the model is never asked): a modality the TT models
+are not sent, more images than ``--limit-mm-per-prompt`` allows (``image_parts`` fills the
+empty entry), bytes that are not an image."""
+
 
 def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 32)) -> list[Any]:
     """PIL images (``size``: height, width) of these kinds; two of one kind (or another ``salt``)
