@@ -63,6 +63,45 @@ def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int,
     return prompt, out[0, len(prompt):].tolist()
 
 
+def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
+    """``[first, stop)`` of each run of image placeholder tokens."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(ids):
+        if token == image_token:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs
+
+
+def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
+    ends, done = [], 0
+    for step in trace:
+        for rid, tokens in step["scheduled"].items():
+            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
+                done += tokens
+                ends.append(done)
+    return ends
+
+
+def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int) -> int:
+    """Every prompt of ``results`` (``vllm.LLM`` outputs) was prefilled in chunks that end
+    outside its images (the scheduler's step trace says where each pass ended); returns how
+    many prompts took more than one chunk."""
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    chunked = 0
+    for result in results:
+        ids = list(result.prompt_token_ids)
+        runs = image_runs(ids, image_token)
+        ends = chunk_ends(trace, result.request_id, len(ids))
+        assert ends and ends[-1] == len(ids), ends
+        assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)
+        chunked += len(ends) > 1
+    return chunked
+
+
 def data_url(image: Any) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
