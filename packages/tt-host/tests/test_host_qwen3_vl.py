@@ -17,7 +17,8 @@ from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.qwen2_5_vl.model import MultimodalRotary, mrope_positions
-from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGeneration, Qwen3VLConfig as HostConfig
+from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGeneration
+from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.mrope_contract import MropeRunner, pixels_u8, vl_prompt

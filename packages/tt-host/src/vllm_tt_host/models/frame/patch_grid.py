@@ -10,7 +10,7 @@ merge-unit order (``t, h / m, w / m, m, m``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,11 @@ class PatchGridConfig:
     def patch_width(self) -> int:
         """Values per patch: ``C * T * P * P``."""
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @classmethod
+    def from_hf(cls, vision: Any) -> Self:
+        """This tower's config from an HF ``vision_config`` (each tower reads its own fields)."""
+        raise NotImplementedError(f"{cls.__name__} does not read a vision_config")
 
     @staticmethod
     def grid_fields(vision: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -65,7 +65,7 @@ class QwenVLConfig(DecoderConfig):
     vision: PatchGridConfig = field(kw_only=True)
     image_token_id: int = -1
 
-    vision_type: ClassVar[Callable[[Any], PatchGridConfig]]
+    vision_type: ClassVar[type[PatchGridConfig]]
     interleaved_mrope: ClassVar[bool] = False
     """Which index turns each rotated pair: contiguous groups of ``mrope_section`` (Qwen2.5-VL),
     or interleaved t, h, w, t, h, w... up to each section's share (Qwen3-VL)."""
@@ -90,7 +90,7 @@ class QwenVLConfig(DecoderConfig):
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         fields["tie_word_embeddings"] = tied
-        return cls(**fields, mrope_section=section, vision=cls.vision_type(vision), image_token_id=image_token)
+        return cls(**fields, mrope_section=section, vision=cls.vision_type.from_hf(vision), image_token_id=image_token)
 
     def mrope_axes(self) -> torch.Tensor:
         """``[head_dim / 2]``: which index (0 t, 1 h, 2 w) turns each rotated pair."""
@@ -106,7 +106,7 @@ class QwenVLConfig(DecoderConfig):
 @dataclass(frozen=True)
 class Qwen25VLConfig(QwenVLConfig):
     vision: VisionConfig = field(kw_only=True)
-    vision_type = VisionConfig.from_hf
+    vision_type = VisionConfig
 
 
 class MultimodalRotary:
@@ -303,15 +303,12 @@ class Qwen25VLDecoder(QwenVLDecoder):
         return (self.tower(pixels, grid),)
 
 
-@vllm_multimodal_processing(VllmQwen2_5_VL)
-class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
-    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
-    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+class HostQwenVLModel(HostCausalLM):
+    """A Qwen-VL model through the contract: prefill rows carry ``pixel_values`` +
+    ``image_grid_thw``; prefill returns ``(out, rope_deltas)``, decode takes
+    ``rope_deltas_all_users``. A family names its config, decoder and vLLM processor."""
 
-    family = "qwen2"
-    config_type = Qwen25VLConfig
-    decoder_type = Qwen25VLDecoder
-    decoder: Qwen25VLDecoder
+    decoder: QwenVLDecoder
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostCausalLM.model_capabilities,
         "supports_async_decode": False,  # decode rotates with the host's positions
@@ -359,3 +356,14 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
             self.decoder.slot_deltas = torch.tensor([int(d) for d in deltas], dtype=torch.long)
         return super().decode_forward(tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
                                       sampling_params, prompt_tokens, output_tokens, reset_batch, **kwargs)
+
+
+@vllm_multimodal_processing(VllmQwen2_5_VL)
+class HostQwen2_5_VLForConditionalGeneration(HostQwenVLModel):
+    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
+    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+
+    family = "qwen2"
+    config_type = Qwen25VLConfig
+    decoder_type = Qwen25VLDecoder
+    decoder: Qwen25VLDecoder

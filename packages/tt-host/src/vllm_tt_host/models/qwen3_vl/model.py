@@ -12,24 +12,21 @@ embeddings: the DeepStack features, carried to the layers that add them as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 from vllm.model_executor.models.qwen3_vl import Qwen3VLForConditionalGeneration as VllmQwen3VL
 
 from vllm_tt_host.models.frame.checkpoint import WeightFolder
 from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
-from vllm_tt_host.models.qwen2_5_vl.model import (
-    HostQwen2_5_VLForConditionalGeneration,
-    QwenVLConfig,
-    QwenVLDecoder,
-)
+from vllm_tt_host.models.qwen2_5_vl.model import HostQwenVLModel, QwenVLConfig, QwenVLDecoder
 from vllm_tt_host.models.qwen3_vl.vision import Qwen3VisionConfig, Qwen3VisionTower, load_qwen3_vision_weights
 
 
 @dataclass(frozen=True)
 class Qwen3VLConfig(QwenVLConfig):
     vision: Qwen3VisionConfig = field(kw_only=True)
-    vision_type = Qwen3VisionConfig.from_hf
+    vision_type = Qwen3VisionConfig
     interleaved_mrope = True
 
 
@@ -47,7 +44,7 @@ class Qwen3VLDecoder(QwenVLDecoder):
 
 
 @vllm_multimodal_processing(VllmQwen3VL)
-class HostQwen3VLForConditionalGeneration(HostQwen2_5_VLForConditionalGeneration):
+class HostQwen3VLForConditionalGeneration(HostQwenVLModel):
     """Qwen3-VL with images (dense text side): as Qwen2.5-VL through the contract (prefill rows
     carry ``pixel_values`` + ``image_grid_thw``, prefill returns ``(out, rope_deltas)``,
     decode takes ``rope_deltas_all_users``); DeepStack stays inside the prefill pass."""
