@@ -2,8 +2,9 @@
 (uint8 pixels, the checkpoint's 0.5 mean / std), the tower with DeepStack inside the prefill,
 interleaved mRoPE with the returned deltas on decode. Greedy outputs equal transformers'
 generate() token for token for text-only, one-image and two-image requests running side by
-side, through ``vllm.LLM`` and through ``vllm serve`` (OpenAI chat, base64 ``image_url`` data
-URLs, two lanes); different images give HF's different answers; video, too many images and
+side, through ``vllm.LLM`` (chunked prefill never cutting an image, preemption under KV
+pressure) and through ``vllm serve`` (OpenAI chat, base64 ``image_url`` data URLs, two lanes, a
+prefix-cache hit past an image); different images give HF's different answers; video, too many images and
 undecodable bytes are answered with a 400 and the next request is served."""
 
 from __future__ import annotations
@@ -48,25 +49,28 @@ CHUNKED_QUESTION = " ".join([vl_chat.QUESTION] * 6)
 """With two images this question makes a prompt longer than the 64-token step budget."""
 
 
-def test_llm_generate_with_images_equals_transformers_chunked(checkpoint, hf_vl, tmp_path):
+def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(checkpoint, hf_vl, tmp_path):
     """Seven mixed requests on 4 decode rows, submitted at once, with a 64-token step budget
     (the most one image may take): the two-image prompts are longer and are prefilled in chunks
     that end outside their images, a later chunk computing the second image's tower and
-    DeepStack sets alone."""
+    DeepStack sets alone; 8 KV blocks of 32 tokens make vLLM preempt some and resume them (a
+    fresh prefill with their images, the mRoPE delta returned again)."""
     from vllm import SamplingParams
 
     trace = tmp_path / "steps.jsonl"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TT_STEP_TRACE", str(trace))
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
         llm = offline_llm(model=str(checkpoint), max_model_len=192, max_num_seqs=4, block_size=32,
-                          max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False,
-                          limit_mm_per_prompt={"image": 2},
-                          seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+                          num_gpu_blocks_override=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                          enable_prefix_caching=False, limit_mm_per_prompt={"image": 2}, seed=0,
+                          disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}})
     processor = hf_vl[1]
     prompts = [{"prompt": chat_text(processor, len(k), CHUNKED_QUESTION),
                 **({"multi_modal_data": {"image": images(k)}} if k else {})} for k in REQUESTS]
     results = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
                            use_tqdm=False)
+    preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
     del llm
     expected = [hf_generate(hf_vl, k, question=CHUNKED_QUESTION) for k in REQUESTS]
     got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
@@ -77,6 +81,7 @@ def test_llm_generate_with_images_equals_transformers_chunked(checkpoint, hf_vl,
     assert len({tuple(by_kinds[k]) for k in ((), (0,), (1,), (2, 3))}) == 4, "the images decide the answer"
     chunked = vl_chat.assert_chunks_keep_images(trace, results, hf_vl[0].config.image_token_id)
     assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
+    assert preemptions > 0, "8 blocks for 4 rows of up to 3 blocks each must preempt"
 
 
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
