@@ -75,3 +75,88 @@ class MropeRunner:
             ids[slot, 0], start[slot] = token, pos
         return self.model.decode_forward(tokens=ids, start_pos=start, page_table=self.table, kv_cache=self.kv,
                                          rope_deltas_all_users=deltas)[:, -1]
+
+
+class MropeCase:
+    """One Qwen-VL family's host model and its HF oracle on the same tiny checkpoint, with the
+    whole-model checks every Qwen-VL family must pass (``tol``: the largest logit difference)."""
+
+    TEXT, ONE, TWO = (4, [9], []), (5, [4, 6], [7]), (6, [3, 5, 4], [8, 9])
+    """``(prompt seed, text run lengths, image seeds)`` of a text-only, a one- and a two-image prompt."""
+
+    def __init__(self, hf: Any, model: Any, grids: tuple[tuple[int, int, int], ...], tokens: tuple[int, int, int],
+                 tol: float = 1e-4) -> None:
+        self.hf, self.model, self.grids, self.tol = hf, model, grids, tol
+        self.start, self.image, self.end = tokens
+
+    def prompt(self, seed: int, lengths: list[int]) -> list[int]:
+        return vl_prompt(seed, lengths, self.grids, self.start, self.image, self.end)
+
+    def hf_logits(self, ids: list[int], seeds: list[int]) -> torch.Tensor:
+        """HF's logits ``[T, V]`` at every position (the images normalised with the default
+        constants, as the host model does for a checkpoint saved without a processor)."""
+        from vllm_tt_host.models.frame.vision import PixelNorm
+
+        input_ids = torch.tensor([ids])
+        kwargs = {}
+        if seeds:
+            pixels = [PixelNorm().apply(pixels_u8(s, self.grids[k]), 3)
+                      for k, s in enumerate(seeds)]
+            kwargs = {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.tensor(self.grids[: len(seeds)])}
+        with torch.no_grad():
+            return self.hf(input_ids=input_ids, mm_token_type_ids=(input_ids == self.image).int(), **kwargs).logits[0]
+
+    def assert_close(self, got: torch.Tensor, expected: torch.Tensor, what: object) -> None:
+        worst = float((got - expected).abs().max())
+        assert worst < self.tol, (what, worst)
+
+    def check_prefill_then_decode(self) -> list[int]:
+        """Three rows prefilled together, then one decode step with the returned deltas (HF sees
+        the token appended); returns the deltas."""
+        runner = MropeRunner(self.model, self.grids)
+        rows = [(self.prompt(seed, lengths), seeds) for seed, lengths, seeds in (self.TEXT, self.ONE, self.TWO)]
+        logits, deltas = runner.prefill([(slot, ids, 0, len(ids), seeds) for slot, (ids, seeds) in enumerate(rows)])
+        refs = [self.hf_logits(ids, seeds) for ids, seeds in rows]
+        for slot, (ours, ref) in enumerate(zip(logits, refs, strict=True)):
+            self.assert_close(ours, ref[-1], ("prefill", slot))
+        nxt = [int(r[-1].argmax()) for r in refs]
+        step = runner.decode({slot: (nxt[slot], len(ids)) for slot, (ids, _) in enumerate(rows)},
+                             deltas.tolist() + [0])
+        for slot, (ids, seeds) in enumerate(rows):
+            self.assert_close(step[slot], self.hf_logits(ids + [nxt[slot]], seeds)[-1], ("decode", slot))
+        return deltas.tolist()
+
+    def two_image_prompt(self) -> tuple[list[int], int]:
+        """The two-image prompt and a position inside the text between its images."""
+        seed, lengths, _ = self.TWO
+        t, h, w = self.grids[0]
+        return self.prompt(seed, lengths), lengths[0] + 1 + t * h * w // 4 + 1 + 2
+
+    def check_chunk_after_image(self) -> int:
+        """A chunk ending after the first image, then one computing the second; returns the delta."""
+        runner = MropeRunner(self.model, self.grids)
+        ids, cut = self.two_image_prompt()
+        seeds = self.TWO[2]
+        first, _ = runner.prefill([(3, ids[:cut], 0, cut, seeds)])
+        last, deltas = runner.prefill([(3, ids, cut, len(ids), seeds)])
+        ref = self.hf_logits(ids, seeds)
+        self.assert_close(first[0], ref[cut - 1], "first chunk")
+        self.assert_close(last[0], ref[-1], "second chunk")
+        return int(deltas[0])
+
+    def check_prefix_hit_past_images(self) -> int:
+        """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
+        passes from inside the text between the images and from past both equal HF; returns the
+        delta (the same for every pass)."""
+        runner = MropeRunner(self.model, self.grids)
+        ids, past_first = self.two_image_prompt()
+        seeds = self.TWO[2]
+        ref = self.hf_logits(ids, seeds)[-1]
+        runner.prefill([(3, ids, 0, len(ids), seeds)])
+        delta = set()
+        for start, sent in ((past_first, [None, seeds[1]]), (len(ids) - 2, [None, None])):
+            got, deltas = runner.prefill([(3, ids, start, len(ids), sent)])
+            self.assert_close(got[0], ref, ("prefix hit from", start))
+            delta.add(int(deltas[0]))
+        assert len(delta) == 1, delta
+        return delta.pop()

@@ -21,7 +21,7 @@ from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGenerati
 from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import MropeRunner, pixels_u8, vl_prompt
+from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8
 
 VIDEO, START, END, IMAGE = 296, 297, 298, 299
 GRIDS = ((1, 8, 8), (1, 4, 6))
@@ -72,18 +72,9 @@ def normalised(pixels: torch.Tensor) -> torch.Tensor:
     return PixelNorm().apply(pixels, 3)
 
 
-def prompt(seed: int, lengths: list[int]) -> list[int]:
-    return vl_prompt(seed, lengths, GRIDS, START, IMAGE, END)
-
-
-def hf_logits(hf, ids: list[int], seeds: list[int]) -> torch.Tensor:
-    input_ids = torch.tensor([ids])
-    kwargs = {}
-    if seeds:
-        kwargs = {"pixel_values": torch.cat([normalised(pixels_u8(s, GRIDS[k])) for k, s in enumerate(seeds)]),
-                  "image_grid_thw": torch.tensor(GRIDS[: len(seeds)])}
-    with torch.no_grad():
-        return hf(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), **kwargs).logits[0]
+@pytest.fixture(scope="module")
+def case(hf, model) -> MropeCase:
+    return MropeCase(hf, model, GRIDS, (START, IMAGE, END), TOL)
 
 
 # ---- modules ---------------------------------------------------------------------------------
@@ -101,8 +92,8 @@ def test_vision_tower_and_deepstack_features_equal_transformers(hf, model):
     assert (ours[0][1] - ours[0][0]).abs().max() > 1e-2, "the DeepStack sets are not the merged features"
 
 
-def test_interleaved_mrope_rotation_equals_transformers(hf, model):
-    ids = prompt(3, [5, 4, 3])
+def test_interleaved_mrope_rotation_equals_transformers(case, hf, model):
+    ids = case.prompt(3, [5, 4, 3])
     input_ids = torch.tensor([ids])
     config = model.decoder.config
     assert isinstance(config, HostConfig)
@@ -135,49 +126,35 @@ def test_registered_for_the_host_backend_and_takes_vllms_processor():
 
 
 # ---- whole model -----------------------------------------------------------------------------
-def test_every_position_logits_equal_transformers_with_0_1_and_2_images(hf, model):
+def test_every_position_logits_equal_transformers_with_0_1_and_2_images(case, model):
     runner = MropeRunner(model, GRIDS)
-    rows = [(prompt(4, [9]), []), (prompt(5, [4, 6]), [7]), (prompt(6, [3, 5, 4]), [8, 9])]
-    for slot, (ids, seeds) in enumerate(rows):
+    for slot, (seed, lengths, seeds) in enumerate((case.TEXT, case.ONE, case.TWO)):
+        ids = case.prompt(seed, lengths)
         logits, deltas = runner.prefill([(slot, ids, 0, len(ids), seeds)], return_all_logits=True)
-        reference = hf_logits(hf, ids, seeds)
         assert logits.shape[1] >= len(ids)
-        worst = (logits[0, : len(ids)] - reference).abs().max()
-        assert worst < TOL, (slot, worst)
+        case.assert_close(logits[0, : len(ids)], case.hf_logits(ids, seeds), slot)
     assert deltas.tolist() == [(4 - 16) + (3 - 6)]
 
 
-def test_prefill_then_decode_with_deltas_equals_transformers(hf, model):
-    runner = MropeRunner(model, GRIDS)
-    text, one, two = prompt(4, [9]), prompt(5, [4, 6]), prompt(6, [3, 5, 4])
-    logits, deltas = runner.prefill([(0, text, 0, len(text), []), (1, one, 0, len(one), [7]),
-                                     (2, two, 0, len(two), [8, 9])])
-    refs = [hf_logits(hf, text, []), hf_logits(hf, one, [7]), hf_logits(hf, two, [8, 9])]
-    for ours, ref in zip(logits, refs, strict=True):
-        assert torch.allclose(ours, ref[-1], atol=TOL), (ours - ref[-1]).abs().max()
-    nxt = [int(r[-1].argmax()) for r in refs]
-    step = runner.decode({0: (nxt[0], len(text)), 1: (nxt[1], len(one)), 2: (nxt[2], len(two))}, deltas.tolist() + [0])
-    for slot, (ids, seeds) in enumerate([(text, []), (one, [7]), (two, [8, 9])]):
-        expected = hf_logits(hf, ids + [nxt[slot]], seeds)[-1]
-        assert torch.allclose(step[slot], expected, atol=TOL), (slot, (step[slot] - expected).abs().max())
+def test_prefill_then_decode_with_deltas_equals_transformers(case):
+    assert case.check_prefill_then_decode()[:3] == [0, 4 - 16, (4 - 16) + (3 - 6)]
 
 
-def test_chunked_prefill_after_an_image_keeps_its_positions(hf, model):
-    runner = MropeRunner(model, GRIDS)
-    ids = prompt(6, [3, 5, 4])
-    cut = 3 + 1 + 16 + 1 + 2  # after the first image, inside the text before the second
-    first, _ = runner.prefill([(3, ids[:cut], 0, cut, [8, 9])])
-    last, _ = runner.prefill([(3, ids, cut, len(ids), [8, 9])])
-    ref = hf_logits(hf, ids, [8, 9])
-    assert torch.allclose(first[0], ref[cut - 1], atol=TOL)
-    assert torch.allclose(last[0], ref[-1], atol=TOL), (last[0] - ref[-1]).abs().max()
+def test_chunked_prefill_after_an_image_keeps_its_positions(case):
+    """The second chunk computes the second image alone (its tower, its DeepStack sets)."""
+    assert case.check_chunk_after_image() == (4 - 16) + (3 - 6)
 
 
-def test_leaving_deepstack_out_is_visible(hf, model, monkeypatch):
+def test_prefix_hit_past_images_sent_without_pixels(case):
+    """No DeepStack for an image inside the prefix-cache hit: its positions are cached."""
+    assert case.check_prefix_hit_past_images() == (4 - 16) + (3 - 6)
+
+
+def test_leaving_deepstack_out_is_visible(case, model, monkeypatch):
     """A model that only replaces the placeholder embeddings (Qwen2.5-VL's way) is measurably off."""
     runner = MropeRunner(model, GRIDS)
-    ids = prompt(5, [4, 6])
-    ref = hf_logits(hf, ids, [7])[-1]
+    ids = case.prompt(5, [4, 6])
+    ref = case.hf_logits(ids, [7])[-1]
     encode = model.decoder.encode
     monkeypatch.setattr(model.decoder, "encode", lambda pixels, grid: encode(pixels, grid)[:1])
     without, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
