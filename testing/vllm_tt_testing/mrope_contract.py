@@ -5,7 +5,8 @@ prompts of text runs with images between them."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,7 +37,7 @@ def vl_prompt(seed: int, lengths: list[int], grids: tuple[tuple[int, int, int], 
     return ids
 
 
-Row = tuple[int, list[int], int, int, list[int | None]]
+Row = tuple[int, list[int], int, int, Sequence[int | None]]
 """``(slot, ids, start, end, image seeds)``; a None seed: an image inside the prefix-cache hit,
 its grid sent without pixels."""
 
@@ -81,8 +82,10 @@ class MropeCase:
     """One Qwen-VL family's host model and its HF oracle on the same tiny checkpoint, with the
     whole-model checks every Qwen-VL family must pass (``tol``: the largest logit difference)."""
 
-    TEXT, ONE, TWO = (4, [9], []), (5, [4, 6], [7]), (6, [3, 5, 4], [8, 9])
-    """``(prompt seed, text run lengths, image seeds)`` of a text-only, a one- and a two-image prompt."""
+    TEXT: ClassVar[tuple[int, list[int], list[int]]] = (4, [9], [])
+    """``(prompt seed, text run lengths, image seeds)`` of a text-only prompt, as ``ONE``, ``TWO``."""
+    ONE: ClassVar[tuple[int, list[int], list[int]]] = (5, [4, 6], [7])
+    TWO: ClassVar[tuple[int, list[int], list[int]]] = (6, [3, 5, 4], [8, 9])
 
     def __init__(self, hf: Any, model: Any, grids: tuple[tuple[int, int, int], ...], tokens: tuple[int, int, int],
                  tol: float = 1e-4) -> None:

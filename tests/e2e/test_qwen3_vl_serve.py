@@ -33,11 +33,7 @@ def checkpoint():
 
 @pytest.fixture(scope="module")
 def hf_vl(checkpoint):
-    import torch
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
-
-    model = Qwen3VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    return model, AutoProcessor.from_pretrained(checkpoint)
+    return vl_chat.load_hf(checkpoint)
 
 
 def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False,

@@ -35,11 +35,7 @@ def qwen_vl_checkpoint():
 
 @pytest.fixture(scope="session")
 def hf_vl(qwen_vl_checkpoint):
-    import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(qwen_vl_checkpoint, dtype=torch.float32).eval()
-    return model, AutoProcessor.from_pretrained(qwen_vl_checkpoint)
+    return vl_chat.load_hf(qwen_vl_checkpoint)
 
 
 def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False,

@@ -38,6 +38,15 @@ def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 3
     return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k, size)) for i, k in enumerate(kinds)]
 
 
+def load_hf(checkpoint: Path) -> tuple[Any, Any]:
+    """transformers' (model in float32, eval mode; processor) for a tiny checkpoint: the oracle."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(checkpoint)
+
+
 def chat_text(processor: Any, count: int, question: str = QUESTION) -> str:
     return processor.apply_chat_template(user_message(count, question), add_generation_prompt=True, tokenize=False)
 

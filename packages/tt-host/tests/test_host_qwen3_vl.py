@@ -20,6 +20,7 @@ from vllm_tt_host.models.qwen2_5_vl.model import MultimodalRotary, mrope_positio
 from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGeneration
 from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
+from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8
 
@@ -159,3 +160,16 @@ def test_leaving_deepstack_out_is_visible(case, model, monkeypatch):
     monkeypatch.setattr(model.decoder, "encode", lambda pixels, grid: encode(pixels, grid)[:1])
     without, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
     assert (without[0] - ref).abs().max() > 100 * TOL
+
+
+@pytest.mark.parametrize(("vision", "match"), [
+    ({"deepstack_visual_indexes": [0, 3]}, r"deepstack_visual_indexes=\[0, 3\].*block indices in 0\.\.2"),
+    ({"num_position_embeddings": 12}, r"num_position_embeddings=12.*a square number"),
+    ({"hidden_act": "relu"}, r"vision_config.hidden_act='relu'"),
+])
+def test_a_vision_config_the_host_tower_cannot_serve_is_refused_by_name(vision, match):
+    config = tiny_config()
+    for key, value in vision.items():
+        setattr(config.vision_config, key, value)
+    with pytest.raises(TTConfigError, match=match):
+        HostConfig.read(config, "qwen3")
