@@ -15,6 +15,9 @@ a resume, a prefix-cache hit) gets all the row's images and computes the towers 
 placeholders it covers; the positions of a later chunk come from the images before it, so
 from their grids alone: vLLM sends an image inside the prefix-cache hit with its
 ``image_grid_thw`` but no pixels.
+
+All of that is the Qwen-VL frame (``QwenVLConfig``, ``QwenVLDecoder``, ``HostQwenVLModel``),
+which Qwen3-VL (``qwen3_vl``) shares; Qwen2.5-VL names its tower and contiguous mRoPE groups.
 """
 
 from __future__ import annotations
