@@ -19,6 +19,7 @@ from vllm_tt_models_registry.errors import ContractError
 __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
+    "VIDEO_KWARGS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -198,6 +199,16 @@ decoder layers) are not sent: the model computes them with its own tower from th
 ``prefill_forward`` and hands them to those layers itself (the host reference carries them in
 the row's ``PrefillInserts.layer_adds``)."""
 
+VIDEO_KWARGS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+"""The video keyword arguments of ``prefill_forward`` (a model declaring ``video`` in its
+``modalities``), laid out as :data:`IMAGE_KWARGS` over the same item lists: a request's images
+and videos are one list per row in prompt order, so ``pixel_values`` is ``None`` at a video's
+place and ``pixel_values_videos`` at an image's. Qwen2.5-VL: ``pixel_values_videos``
+``[patches, C*T*P*P]`` (frames as vLLM's processor sampled them, ``T`` of them per temporal
+patch), ``video_grid_thw`` int64 ``[3]`` and ``second_per_grid_ts`` (seconds one temporal
+patch spans: the mRoPE temporal index steps by it times ``tokens_per_second``). Qwen3-VL: the
+first two; the processor puts each frame's timestamp as text between its placeholder runs."""
+
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
 (row ``r`` is slot ``r``, as ``tokens``), each live slot's delta as its prefill returned it
@@ -263,7 +274,7 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", *IMAGE_KWARGS),
+                       "return_all_logits", *IMAGE_KWARGS, *VIDEO_KWARGS),
         ),
         CallShape(
             "decode_forward",
