@@ -2,8 +2,9 @@
 
 A row's items arrive as the runner sends them (``contract.IMAGE_KWARGS`` and ``VIDEO_KWARGS``:
 one list per row, prompt order, ``None`` at the places of the other modality). An image fills
-one run of ``image_token_id``; a video fills one run of ``video_token_id`` (Qwen2.5-VL), or one
-run per temporal patch with its timestamp text between them (Qwen3-VL: ``frame_runs``). Every
+one run of ``image_token_id``; a video one run of ``video_token_id`` (Qwen2.5-VL; Qwen3-VL's
+processor splits a video into one run per temporal patch with timestamp text between them,
+which this module does not place yet: Qwen3-VL declares images only). Every
 run's tokens take their grid coordinates as mRoPE indices, offset by where the run starts; a
 Qwen2.5-VL video's temporal index steps by ``tokens_per_second * second_per_grid_ts`` (rounded
 down), so the indices follow the video's clock. The text after a run continues from its start
@@ -29,7 +30,6 @@ class MediaConfig(Protocol):
     image_token_id: int
     video_token_id: int
     tokens_per_second: float
-    frame_runs: bool
 
     @property
     def merge_size(self) -> int: ...
@@ -103,11 +103,8 @@ def _grid(value: Any, row: int) -> Grid:
 
 def item_runs(item: Media, config: MediaConfig) -> list[tuple[Grid, float]]:
     """The placeholder runs one item fills, in order: each run's grid and temporal step."""
-    t, h, w = item.grid
     if not item.is_video:
         return [(item.grid, 1.0)]
-    if config.frame_runs:
-        return [((1, h, w), 1.0)] * t
     return [(item.grid, config.tokens_per_second * float(item.seconds_per_grid or 1.0))]
 
 

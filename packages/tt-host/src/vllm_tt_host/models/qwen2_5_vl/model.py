@@ -77,9 +77,6 @@ class QwenVLConfig(DecoderConfig):
     interleaved_mrope: ClassVar[bool] = False
     """Which index turns each rotated pair: contiguous groups of ``mrope_section`` (Qwen2.5-VL),
     or interleaved t, h, w, t, h, w... up to each section's share (Qwen3-VL)."""
-    frame_runs: ClassVar[bool] = False
-    """A video fills one placeholder run per temporal patch, timestamps between (Qwen3-VL)."""
-
     @property
     def merge_size(self) -> int:
         return self.vision.merge_size

@@ -28,7 +28,6 @@ class Qwen3VLConfig(QwenVLConfig):
     vision: Qwen3VisionConfig = field(kw_only=True)
     vision_type = Qwen3VisionConfig
     interleaved_mrope = True
-    frame_runs = True
 
 
 class Qwen3VLDecoder(QwenVLDecoder):
