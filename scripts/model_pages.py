@@ -51,6 +51,7 @@ FEATURES: dict[str, Feature] = {
     "pooling_model": Feature("Pooling model (embeddings)", "pooling.md"),
     "pooled_outputs": Feature("Pooling head (classifier, reranker)", "pooling.md#rerankers-score-and-rerank"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
+    "modalities": Feature("Multimodal inputs", "vision.md#video"),
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -319,8 +319,9 @@ class HostQwenVLModel(HostCausalLM):
 
 @vllm_multimodal_processing(VllmQwen2_5_VL)
 class HostQwen2_5_VLForConditionalGeneration(HostQwenVLModel):
-    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
-    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+    """Qwen2.5-VL with images and videos: prefill rows carry ``pixel_values`` + ``image_grid_thw``
+    and ``pixel_values_videos`` + ``video_grid_thw`` + ``second_per_grid_ts``; prefill returns
+    ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
 
     family = "qwen2"
     model_capabilities: ClassVar[dict[str, Any]] = {**HostQwenVLModel.model_capabilities, "modalities": ("image", "video")}
