@@ -21,11 +21,11 @@ from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import PixelNorm
+from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
 from vllm_tt_host.models.qwen2_5_vl.model import (
     HostQwen2_5_VLForConditionalGeneration,
     Qwen25VLConfig,
 )
-from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
 from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
