@@ -192,7 +192,11 @@ an image inside the request's prefix-cache hit comes without data, an mRoPE mode
 its CPU-side keys such as ``image_grid_thw``). Qwen2.5-VL:
 ``pixel_values`` ``[patches, C*T*P*P]`` (uint8 unless ``--mm-device-do-normalize false``) and
 ``image_grid_thw`` int64 ``[3]``, ``(t, h, w)`` in patches. Gemma 3: ``pixel_values``
-``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``."""
+``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``.
+Qwen3-VL: as Qwen2.5-VL; its DeepStack features (added at the image positions after the first
+decoder layers) are not sent: the model computes them with its own tower from these inside
+``prefill_forward`` and hands them to those layers itself (the host reference carries them in
+the row's ``PrefillInserts.layer_adds``)."""
 
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order

@@ -21,6 +21,7 @@ from vllm_tt_host.models import (
     mistral3,
     qwen2_5_vl,
     qwen3_5,
+    qwen3_vl,
 )
 from vllm_tt_host.models.frame.family import HostFamily, host_models, host_source
 
@@ -29,6 +30,7 @@ FAMILIES: tuple[HostFamily, ...] = (
     gemma3.FAMILY,
     gemma4.FAMILY,
     qwen2_5_vl.FAMILY,
+    qwen3_vl.FAMILY,
     mistral3.FAMILY,
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,

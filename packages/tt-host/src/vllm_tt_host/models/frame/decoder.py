@@ -48,6 +48,10 @@ class PrefillInserts:
     """...by these ``[m, hidden]`` (the projected image features, not scaled)."""
     blocks: torch.Tensor
     """``[end]``: each position's bidirectional block (-1: causal only); see ``paged_kv.visible``."""
+    layer_adds: tuple[torch.Tensor, ...] = ()
+    """DeepStack (Qwen3-VL): entry ``k`` ``[m, hidden]`` is added at ``index`` to the hidden
+    states leaving layer ``k``; the image features of the tower's middle blocks thus reach the
+    first ``len(layer_adds)`` layers. Prefill only: decode tokens are never image tokens."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class HostDecoder:
             values = paged_kv.gather(v_cache, pages_used)
             out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
             x = self._finish_layer(x, out[0].transpose(0, 1), layer)
+            if inserts is not None and index < len(inserts.layer_adds):
+                x[inserts.index] += inserts.layer_adds[index].to(x.dtype)
         return x
 
     @torch.no_grad()
