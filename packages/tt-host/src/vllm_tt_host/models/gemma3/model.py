@@ -153,7 +153,9 @@ class Gemma3Decoder(HostDecoder):
         scale = self.config.query_pre_attn_scalar**-0.5
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
         layer = cast(Gemma3LayerWeights, layer)  # load_gemma3_weights builds only these
         a, m = layer.attention, layer.mlp
         x = x + self._norm(F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias), layer.post_attention_norm)

@@ -10,8 +10,12 @@ cross-layer KV sharing: they own no blocks). Full layers use proportional rope (
 ``w`` (not ``1 + w``), values are RMS-normalised without a weight, attention is unscaled (the
 q/k norms set the scale), and each layer's output is multiplied by its ``layer_scalar``.
 
-Per-layer input embeddings (``hidden_size_per_layer_input``, the E2B/E4B models) and the
-mixture-of-experts block are refused by name: the host does not implement them.
+The E-series (E2B, E4B) add per-layer input embeddings (``hidden_size_per_layer_input``): each
+token gets a small vector per layer, half from its own table (scaled by the square root of its
+width) and half projected from the token's embedding (then RMS-normalised), and each layer gates
+its output with its slice and adds it back through a projection and a norm, before the layer
+scalar. Their KV-shared layers may have a double-wide MLP (the checkpoint's shapes carry it).
+The mixture-of-experts block is refused by name: the host does not implement it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from vllm_tt_host.models.frame.config import (
     refuse_unimplemented,
 )
 from vllm_tt_host.models.frame.decoder import HostDecoder
+from vllm_tt_host.models.frame.mlp import gelu_tanh
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope_config import read_rope
 from vllm_tt_host.models.gemma3.model import (
@@ -56,7 +61,6 @@ GEMMA4_ROPE_TYPES: tuple[str, ...] = ("default", "proportional")
 
 _UNIMPLEMENTED = "host reference models do not implement it; serve this model with a ttnn mesh"
 _REFUSED: dict[str, tuple[str, str]] = {
-    "hidden_size_per_layer_input": ("0 (no per-layer input embeddings)", _UNIMPLEMENTED),
     "enable_moe_block": ("false (a dense MLP)", _UNIMPLEMENTED),
     "use_bidirectional_attention": ("null (causal attention)", _UNIMPLEMENTED),
     "attention_bias": ("false", _UNIMPLEMENTED),
@@ -72,6 +76,8 @@ class Gemma4Config(Gemma3Config):
     """Per layer, the layer whose KV it attends to (itself unless KV-shared)."""
     values_from_keys: bool = False
     """``attention_k_eq_v``: full layers take their values from the key projection."""
+    per_layer_input_size: int = 0
+    """``hidden_size_per_layer_input``: each layer's per-layer input width (0: none)."""
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer]
@@ -119,6 +125,7 @@ class Gemma4Config(Gemma3Config):
             layer_kv_heads=kv_heads,
             layer_kv_sources=_kv_sources(hf_config, model, layers),
             values_from_keys=bool(getattr(hf_config, "attention_k_eq_v", False)),
+            per_layer_input_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
         )
 
 
@@ -169,12 +176,43 @@ def _kv_sources(hf_config: Any, model: str, layers: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class PerLayerInputWeights:
+    """One layer's use of its per-layer input."""
+
+    gate: torch.Tensor
+    """``[d, hidden]``: the layer output's gate, multiplied by the per-layer input."""
+    projection: torch.Tensor
+    """``[hidden, d]``: back to the residual stream..."""
+    norm: torch.Tensor
+    """``[hidden]``: ...through this norm."""
+
+
+@dataclass(frozen=True)
+class PerLayerEmbedding:
+    """The model's per-layer input embeddings, every layer's packed in one row per token."""
+
+    table: torch.Tensor
+    """``[vocab, layers * d]``: the token's own part."""
+    projection: torch.Tensor
+    """``[layers * d, hidden]``: the part projected from the token's embedding..."""
+    norm: torch.Tensor
+    """``[d]``: ...normalised per layer with this."""
+
+
+@dataclass(frozen=True)
+class Gemma4Weights(DecoderWeights):
+    per_layer_embedding: PerLayerEmbedding | None
+    """``None`` without per-layer inputs."""
+
+
+@dataclass(frozen=True)
 class Gemma4LayerWeights(Gemma3LayerWeights):
     layer_scalar: torch.Tensor
     """``[1]``: the layer's output is scaled by it."""
+    per_layer_input: PerLayerInputWeights | None
 
 
-def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model.") -> DecoderWeights:
+def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model.") -> Gemma4Weights:
     """Every tensor ``config`` needs, as float32. A KV-shared layer has no k/v projections or
     k norm (an empty ``k``/``v`` stands for them); a full layer with values from its keys has
     no ``v_proj`` (its ``k_proj`` serves as both)."""
@@ -207,20 +245,56 @@ def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model
             pre_feedforward_norm=get(p + "pre_feedforward_layernorm.weight"),
             post_feedforward_norm=get(p + "post_feedforward_layernorm.weight"),
             layer_scalar=get(p + "layer_scalar"),
+            per_layer_input=PerLayerInputWeights(
+                gate=get(p + "per_layer_input_gate.weight"), projection=get(p + "per_layer_projection.weight"),
+                norm=get(p + "post_per_layer_input_norm.weight"),
+            ) if config.per_layer_input_size else None,
         ))
     embed = get(prefix + "embed_tokens.weight")
-    return DecoderWeights(
+    return Gemma4Weights(
         embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"),
         lm_head=embed if config.tie_word_embeddings else get("lm_head.weight"),
+        per_layer_embedding=_per_layer_embedding(get, config, prefix, folder),
+    )
+
+
+def _per_layer_embedding(get: Any, config: Gemma4Config, prefix: str, folder: Path) -> PerLayerEmbedding | None:
+    if not config.per_layer_input_size:
+        return None
+    table = get(prefix + "embed_tokens_per_layer.weight")
+    if table.shape[0] < config.vocab_size or table.shape[1] % config.per_layer_input_size:
+        raise CheckpointError(
+            f"{prefix}embed_tokens_per_layer.weight in {folder} is {tuple(table.shape)}; config.json implies "
+            f"at least {config.vocab_size} rows of layers x {config.per_layer_input_size} "
+            "(vocab_size, hidden_size_per_layer_input): the weights and config.json do not belong together"
+        )
+    return PerLayerEmbedding(
+        table=table, projection=get(prefix + "per_layer_model_projection.weight"),
+        norm=get(prefix + "per_layer_projection_norm.weight"),
     )
 
 
 class Gemma4Decoder(Gemma3Decoder):
     config: Gemma4Config
+    weights: Gemma4Weights
 
     @classmethod
     def load(cls, folder: Path, config: Gemma4Config) -> HostDecoder:
         return cls(config, load_gemma4_weights(folder, config))
+
+    def __init__(self, config: Gemma4Config, weights: Gemma4Weights) -> None:
+        super().__init__(config, weights)
+        if config.per_layer_input_size:  # HF multiplies by these float32 scalars
+            self.per_layer_scale = torch.tensor(config.per_layer_input_size**0.5, dtype=torch.float32)
+
+    def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """``(token part + normalised projection of x) / sqrt(2)``, ``[T, layers, d]``."""
+        e, d = self.weights.per_layer_embedding, self.config.per_layer_input_size
+        if e is None:
+            return None
+        own = (e.table[ids] * self.per_layer_scale).view(ids.shape[0], -1, d)
+        projected = (F.linear(x, e.projection) * self.config.hidden_size**-0.5).view(x.shape[0], -1, d)
+        return (self._norm(projected, e.norm) + own) * 2.0**-0.5
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_norm_eps)
@@ -250,8 +324,16 @@ class Gemma4Decoder(Gemma3Decoder):
         values = values.repeat_interleave(groups, dim=1)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        return super()._finish_layer(x, attn, layer) * cast(Gemma4LayerWeights, layer).layer_scalar
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        layer = cast(Gemma4LayerWeights, layer)
+        x = super()._finish_layer(x, attn, layer)
+        p = layer.per_layer_input
+        if p is not None and per_layer_input is not None:
+            h = gelu_tanh(F.linear(x, p.gate)) * per_layer_input
+            x = x + self._norm(F.linear(h, p.projection), p.norm)
+        return x * layer.layer_scalar
 
 
 class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
