@@ -4,7 +4,8 @@ from keys), the last two layers reading the KV of layer 3 (sliding) and layer 2 
 writing none. Layers of both kinds share one storage slot as vLLM overlays them (views of one
 buffer, different shapes); a KV-shared layer gets its source's storage and its group's table;
 blocks a sliding group drops are filled with NaN. The E-series variant (``gemma4_e``: the same
-layers plus per-layer input embeddings and the KV-shared layers' double-wide MLP) passes the
+layers plus per-layer input embeddings and the KV-shared layers' double-wide MLP) and the
+mixture-of-experts variant (``gemma4_moe``: 4 experts, top-2, beside each dense MLP) pass the
 same parity tests."""
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ e_checkpoint, e_hf, e_model = parity_fixtures(
 )
 """The E-series variant (16 per-layer input values per layer); tests/e2e/test_gemma4_e_serve.py
 reuses it."""
-VARIANTS = ("", "e_")
+moe_checkpoint, moe_hf, moe_model = parity_fixtures(
+    "gemma4_moe", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK, prefix="moe_"
+)
+"""The mixture-of-experts variant; tests/e2e/test_gemma4_e_serve.py reuses it."""
+VARIANTS = ("", "e_", "moe_")
 """Fixture prefixes of the two tiny models the parity tests run on."""
 
 
@@ -96,6 +101,17 @@ def test_e_series_config_reads_per_layer_inputs_and_double_wide_mlp(e_model):
     assert [layer.mlp.gate.shape[0] for layer in weights.layers] == [256] * 4 + [512] * 2
 
 
+def test_moe_config_reads_the_routed_block(moe_model, moe_checkpoint):
+    cfg, layer = moe_model.config, moe_model.decoder.weights.layers[5]
+    assert (cfg.experts, cfg.experts_per_token, cfg.per_layer_input_size) == (4, 2, 0)
+    assert layer.experts.gate_up.shape == (4, 128, 128) and layer.experts.down.shape == (4, 128, 64)
+    config = AutoConfig.from_pretrained(moe_checkpoint)
+    for name, value in (("top_k_experts", 5), ("num_experts", None)):
+        with pytest.raises(TTConfigError, match=name):
+            Gemma4Config.read(types.SimpleNamespace(**{**config.to_dict(), "per_layer_config": config.per_layer_config,
+                                                       name: value}))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_prefill_logits_match_transformers_at_every_position(request, variant):
     model, hf = request.getfixturevalue(variant + "model"), request.getfixturevalue(variant + "hf")
@@ -110,6 +126,16 @@ def test_e_series_without_per_layer_inputs_is_wrong(e_model, e_hf):
     without = dataclasses.replace(weights, per_layer_embedding=None)
     assert_mistake_shows(wrong_logits(e_model, prompt, weights=without), wrong_logits(e_model, prompt),
                          hf_all_logits(e_hf, prompt), "per-layer inputs ignored")
+
+
+def test_moe_without_the_routed_block_is_wrong(moe_model, moe_hf):
+    """The experts matter in the tiny MoE model: dropping them moves every logit."""
+    prompt = prompts(1, 120)[0]
+    weights = moe_model.decoder.weights
+    dense = dataclasses.replace(weights, layers=tuple(dataclasses.replace(layer, experts=None)
+                                                     for layer in weights.layers))
+    assert_mistake_shows(wrong_logits(moe_model, prompt, weights=dense), wrong_logits(moe_model, prompt),
+                         hf_all_logits(moe_hf, prompt), "routed experts ignored")
 
 
 @pytest.mark.parametrize(
@@ -144,7 +170,7 @@ def test_decode_through_per_layer_page_tables_matches_generate(request, variant)
     assert runner.seqs[3].tables[32][:15] == [0] * 15  # the window moved on
     worst = max(assert_matches_hf(hf, runner.seqs[slot]) for slot in (0, 2, 3))
     assert runner.null_block_untouched()
-    print(f"gemma4{variant and ' E'} decode parity: max |logit diff| {worst:.2e}")
+    print(f"gemma4 {variant or 'text_'}decode parity: max |logit diff| {worst:.2e}")
 
 
 def test_shared_layers_get_their_sources_storage(model):
@@ -181,7 +207,6 @@ def test_config_reading_refuses_what_the_host_does_not_implement(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
     assert Gemma4Config.read(config, n_layers=5).layer_kv_sources == (0, 1, 2, 3, 3)
     for name, value, error in (
-        ("enable_moe_block", True, TTUnsupportedFeatureError),
         ("use_bidirectional_attention", "vision", TTUnsupportedFeatureError),
         ("hidden_activation", "silu", TTUnsupportedFeatureError),
         ("num_kv_shared_layers", 4, TTConfigError),  # layer 2 (full) would have no earlier full layer

@@ -15,7 +15,12 @@ token gets a small vector per layer, half from its own table (scaled by the squa
 width) and half projected from the token's embedding (then RMS-normalised), and each layer gates
 its output with its slice and adds it back through a projection and a norm, before the layer
 scalar. Their KV-shared layers may have a double-wide MLP (the checkpoint's shapes carry it).
-The mixture-of-experts block is refused by name: the host does not implement it.
+The mixture-of-experts variant (26B-A4B, ``enable_moe_block``) runs a routed block beside each
+layer's dense MLP, both read the same residual: the router RMS-normalises it without a weight,
+scales it by its ``scale`` and ``hidden ** -0.5``, softmaxes over all experts, keeps the top-k
+renormalised and multiplies each by its ``per_expert_scale``; each expert is a GeGLU (fused
+gate/up, gate first) on its own pre-norm of the residual. The dense and routed outputs are each
+normalised, summed, and normalised once more as Gemma 3's MLP output is.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from vllm_tt_host.models.frame.config import (
 )
 from vllm_tt_host.models.frame.decoder import HostDecoder
 from vllm_tt_host.models.frame.mlp import gelu_tanh
+from vllm_tt_host.models.frame.moe import combine_experts
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope_config import read_rope
 from vllm_tt_host.models.gemma3.model import (
@@ -61,7 +67,6 @@ GEMMA4_ROPE_TYPES: tuple[str, ...] = ("default", "proportional")
 
 _UNIMPLEMENTED = "host reference models do not implement it; serve this model with a ttnn mesh"
 _REFUSED: dict[str, tuple[str, str]] = {
-    "enable_moe_block": ("false (a dense MLP)", _UNIMPLEMENTED),
     "use_bidirectional_attention": ("null (causal attention)", _UNIMPLEMENTED),
     "attention_bias": ("false", _UNIMPLEMENTED),
 }
@@ -78,6 +83,10 @@ class Gemma4Config(Gemma3Config):
     """``attention_k_eq_v``: full layers take their values from the key projection."""
     per_layer_input_size: int = 0
     """``hidden_size_per_layer_input``: each layer's per-layer input width (0: none)."""
+    experts: int = 0
+    """``num_experts`` of each layer's routed block (0: no ``enable_moe_block``)..."""
+    experts_per_token: int = 0
+    """...of which ``top_k_experts`` run for each token."""
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer]
@@ -126,7 +135,19 @@ class Gemma4Config(Gemma3Config):
             layer_kv_sources=_kv_sources(hf_config, model, layers),
             values_from_keys=bool(getattr(hf_config, "attention_k_eq_v", False)),
             per_layer_input_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
+            **_experts(hf_config, model),
         )
+
+
+def _experts(hf_config: Any, model: str) -> dict[str, int]:
+    """``experts`` and ``experts_per_token`` of a config with ``enable_moe_block`` (else none)."""
+    if not getattr(hf_config, "enable_moe_block", False):
+        return {}
+    experts = positive_int(hf_config, "num_experts", model)
+    top_k = positive_int(hf_config, "top_k_experts", model)
+    if top_k > experts:
+        raise TTConfigError(f"{model}: top_k_experts", top_k, f"1..num_experts={experts}", "check config.json")
+    return {"experts": experts, "experts_per_token": top_k}
 
 
 def _layer_shapes(hf_config: Any, model: str, layers: int, heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -200,6 +221,28 @@ class PerLayerEmbedding:
 
 
 @dataclass(frozen=True)
+class RoutedExpertWeights:
+    """One layer's routed block."""
+
+    router: torch.Tensor
+    """``[experts, hidden]``"""
+    router_scale: torch.Tensor
+    """``[hidden]``: scales the normalised residual before routing."""
+    expert_scale: torch.Tensor
+    """``[experts]``: scales each chosen expert's renormalised weight."""
+    gate_up: torch.Tensor
+    """``[experts, 2 * intermediate, hidden]``: gate rows, then up rows."""
+    down: torch.Tensor
+    """``[experts, hidden, intermediate]``"""
+    pre_norm: torch.Tensor
+    """``[hidden]``: the experts' own norm of the residual."""
+    post_norm: torch.Tensor
+    """``[hidden]``: of the experts' sum..."""
+    dense_post_norm: torch.Tensor
+    """``[hidden]``: ...and of the dense MLP's output, before the two are added."""
+
+
+@dataclass(frozen=True)
 class Gemma4Weights(DecoderWeights):
     per_layer_embedding: PerLayerEmbedding | None
     """``None`` without per-layer inputs."""
@@ -210,6 +253,7 @@ class Gemma4LayerWeights(Gemma3LayerWeights):
     layer_scalar: torch.Tensor
     """``[1]``: the layer's output is scaled by it."""
     per_layer_input: PerLayerInputWeights | None
+    experts: RoutedExpertWeights | None
 
 
 def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model.") -> Gemma4Weights:
@@ -249,6 +293,13 @@ def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model
                 gate=get(p + "per_layer_input_gate.weight"), projection=get(p + "per_layer_projection.weight"),
                 norm=get(p + "post_per_layer_input_norm.weight"),
             ) if config.per_layer_input_size else None,
+            experts=RoutedExpertWeights(
+                router=get(p + "router.proj.weight"), router_scale=get(p + "router.scale"),
+                expert_scale=get(p + "router.per_expert_scale"), gate_up=get(p + "experts.gate_up_proj"),
+                down=get(p + "experts.down_proj"), pre_norm=get(p + "pre_feedforward_layernorm_2.weight"),
+                post_norm=get(p + "post_feedforward_layernorm_2.weight"),
+                dense_post_norm=get(p + "post_feedforward_layernorm_1.weight"),
+            ) if config.experts else None,
         ))
     embed = get(prefix + "embed_tokens.weight")
     return Gemma4Weights(
@@ -335,9 +386,31 @@ class Gemma4Decoder(Gemma3Decoder):
             x = x + self._norm(F.linear(h, p.projection), p.norm)
         return x * layer.layer_scalar
 
+    def _feed_forward(self, x: torch.Tensor, layer: Gemma3LayerWeights) -> torch.Tensor:
+        dense = super()._feed_forward(x, layer)
+        e = cast(Gemma4LayerWeights, layer).experts
+        if e is None:
+            return dense
+        return self._norm(dense, e.dense_post_norm) + self._norm(self._routed(x, e), e.post_norm)
+
+    def _routed(self, x: torch.Tensor, e: RoutedExpertWeights) -> torch.Tensor:
+        """The routed block's output for the residual ``x [T, hidden]``."""
+        cfg = self.config
+        scores = F.linear(rms_norm(x, torch.ones(()), cfg.rms_norm_eps) * e.router_scale * cfg.hidden_size**-0.5,
+                          e.router)
+        top, chosen = torch.topk(torch.softmax(scores, dim=-1), cfg.experts_per_token, dim=-1)
+        weights = top / top.sum(dim=-1, keepdim=True) * e.expert_scale[chosen]
+
+        def expert_mlp(expert: int, h: torch.Tensor) -> torch.Tensor:
+            gate, up = F.linear(h, e.gate_up[expert]).chunk(2, dim=-1)
+            return F.linear(gelu_tanh(gate) * up, e.down[expert])
+
+        return combine_experts(self._norm(x, e.pre_norm), chosen, weights, expert_mlp)
+
 
 class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
-    """Gemma 4 text: per-layer KV shapes and KV-shared layers, served through hybrid KV."""
+    """Gemma 4 text: per-layer KV shapes, KV-shared layers, per-layer input embeddings (E2B, E4B)
+    and routed experts (26B-A4B), served through hybrid KV."""
 
     family = "gemma4"
     config_type = Gemma4Config
