@@ -50,7 +50,7 @@ reuses it."""
 moe_checkpoint, moe_hf, moe_model = parity_fixtures(
     "gemma4_moe", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK, prefix="moe_"
 )
-"""The mixture-of-experts variant; tests/e2e/test_gemma4_e_serve.py reuses it."""
+"""The mixture-of-experts variant; tests/e2e/test_gemma4_variants_serve.py reuses it."""
 VARIANTS = ("", "e_", "moe_")
 """Fixture prefixes of the two tiny models the parity tests run on."""
 

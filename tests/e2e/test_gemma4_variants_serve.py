@@ -1,8 +1,9 @@
-"""Gemma 4 E-series (per-layer input embeddings, double-wide MLP in the KV-shared layers) through
-vLLM's engine on the host mesh backend: greedy outputs equal transformers' generate() for
-requests side by side and under KV pressure that forces preemption (a preempted request's
-per-layer inputs are recomputed from its tokens), then ``vllm serve`` with concurrent OpenAI
-clients."""
+"""The Gemma 4 variants beyond text through vLLM's engine on the host mesh backend: the E-series
+(per-layer input embeddings, double-wide MLP in the KV-shared layers) and the mixture-of-experts
+model (a routed block beside each dense MLP). For each, greedy outputs equal transformers'
+generate() for requests side by side and under KV pressure that forces preemption (a preempted
+request's per-layer inputs and routing are recomputed from its tokens), then ``vllm serve``
+with concurrent OpenAI clients."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from tests.e2e.test_gemma4_serve import BLOCKS, TRAIN_STEPS
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def checkpoint():
-    return cached_tiny("gemma4_e", TRAIN_STEPS)
+@pytest.fixture(scope="module", params=["gemma4_e", "gemma4_moe"])
+def checkpoint(request):
+    """The tiny recipes packages/tt-host/tests/test_host_gemma4.py builds."""
+    return cached_tiny(request.param, TRAIN_STEPS)
 
 
 @pytest.fixture(scope="module")
