@@ -120,6 +120,7 @@ class Gemma4Config(Gemma3Config):
             layers = n_layers
         windows = layer_windows(hf_config, model, layers)
         kv_heads, head_dims = _layer_shapes(hf_config, model, layers, heads)
+        experts, top_k = _experts(hf_config, model)
         global_rope = read_rope(hf_config, model, GEMMA4_ROPE_TYPES, layer_type="full_attention", theta=1_000_000.0,
                                 partial=1.0)
         # Layer 0's KV heads and head size; every layer's own in layer_kv_heads, layer_head_dims.
@@ -135,19 +136,20 @@ class Gemma4Config(Gemma3Config):
             layer_kv_sources=_kv_sources(hf_config, model, layers),
             values_from_keys=bool(getattr(hf_config, "attention_k_eq_v", False)),
             per_layer_input_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
-            **_experts(hf_config, model),
+            experts=experts,
+            experts_per_token=top_k,
         )
 
 
-def _experts(hf_config: Any, model: str) -> dict[str, int]:
-    """``experts`` and ``experts_per_token`` of a config with ``enable_moe_block`` (else none)."""
+def _experts(hf_config: Any, model: str) -> tuple[int, int]:
+    """``(experts, experts_per_token)`` of a config with ``enable_moe_block``, else ``(0, 0)``."""
     if not getattr(hf_config, "enable_moe_block", False):
-        return {}
+        return 0, 0
     experts = positive_int(hf_config, "num_experts", model)
     top_k = positive_int(hf_config, "top_k_experts", model)
     if top_k > experts:
         raise TTConfigError(f"{model}: top_k_experts", top_k, f"1..num_experts={experts}", "check config.json")
-    return {"experts": experts, "experts_per_token": top_k}
+    return experts, top_k
 
 
 def _layer_shapes(hf_config: Any, model: str, layers: int, heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
