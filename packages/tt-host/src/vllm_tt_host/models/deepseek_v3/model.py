@@ -128,7 +128,9 @@ class DeepseekV3Decoder(HostDecoder):
         k = torch.cat((k_nope, k_rope.expand(-1, self.config.num_heads, -1, -1)), dim=-1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.ds.softmax_scale)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
         a = _deepseek_layer(layer).attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         h = self._norm(x, layer.post_attention_norm)

@@ -8,7 +8,8 @@ wrong tokens rather than being hidden by a shortcut.
 Each layer has its own page table (hybrid KV: vLLM keeps one block table per KV cache group)
 and its own attention kind: full, or a sliding window that reads only the blocks its window
 reaches. Families whose layers differ in more than that (norms, activation, attention scale)
-subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...); a family
+subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...; Gemma 4's
+per-layer input embeddings through ``_per_layer_inputs``, which ``_finish_layer`` takes); a family
 whose layers are not all attention (Qwen 3.5's delta-net) overrides the layer stacks
 (``_prefill_layers``, ``_decode_layers``) and keeps the entry points and their contract.
 """
@@ -132,6 +133,7 @@ class HostDecoder:
         if inserts is not None:
             x[inserts.index] = inserts.vectors.to(x.dtype)
             blocks = inserts.blocks
+        per_layer = self._per_layer_inputs(ids, x)
         for index, (layer, (k_cache, v_cache), page_row) in enumerate(
             zip(self.weights.layers, lane_kv, page_rows, strict=True)
         ):
@@ -147,7 +149,7 @@ class HostDecoder:
             keys = paged_kv.gather(k_cache, pages_used)
             values = paged_kv.gather(v_cache, pages_used)
             out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
-            x = self._finish_layer(x, out[0].transpose(0, 1), layer)
+            x = self._finish_layer(x, out[0].transpose(0, 1), layer, None if per_layer is None else per_layer[:, index])
             if inserts is not None and index < len(inserts.layer_adds):
                 x[inserts.index] += inserts.layer_adds[index].to(x.dtype)
         return x
@@ -165,11 +167,13 @@ class HostDecoder:
         write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
         step = DecodeRows.of(positions, kv, rows_per_lane)
-        return self._logits(self._decode_layers(self._embed(tokens.long()), step, page_tables, kv))
+        x = self._embed(tokens.long())
+        return self._logits(self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x)))
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
-                       kv: list[LaneKV]) -> torch.Tensor:
-        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``."""
+                       kv: list[LaneKV], per_layer: torch.Tensor | None = None) -> torch.Tensor:
+        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``
+        (and ``_per_layer_inputs`` of them)."""
         live, pos, size = step.live, step.pos, step.block_size
         for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
             window = self.config.window(index)
@@ -188,11 +192,16 @@ class HostDecoder:
                 keys.append(paged_kv.gather(k_cache, pages_used[rows]))
                 values.append(paged_kv.gather(v_cache, pages_used[rows]))
             out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
-            x = self._finish_layer(x, out[:, :, 0, :], layer)
+            x = self._finish_layer(x, out[:, :, 0, :], layer, None if per_layer is None else per_layer[:, index])
         return x
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]
+
+    def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """``[T, layers, d]``: what each layer adds beside the residual stream, from the token
+        ids and their embeddings ``x`` (Gemma 4's per-layer input embeddings); ``None`` here."""
+        return None
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_norm_eps)
@@ -225,8 +234,11 @@ class HostDecoder:
             q, keys, values, attn_mask=mask, scale=self.config.head_dim**-0.5
         )
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``."""
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``,
+        ``per_layer_input`` this layer's slice of ``_per_layer_inputs`` (unused here)."""
         a = layer.attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         return x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
