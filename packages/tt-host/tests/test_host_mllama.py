@@ -138,9 +138,9 @@ def close(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def test_the_class_meets_the_contract_with_tt_metals_mllama_flags(model):
-    check_model_class(HostMllamaForConditionalGeneration, owner="test")
-    caps = HostMllamaForConditionalGeneration.model_capabilities
-    assert (caps["supports_prefix_caching"], caps["supports_sample_on_device"]) == (False, False)
+    caps = check_model_class(HostMllamaForConditionalGeneration, owner="test")
+    assert (caps.supports_prefix_caching, caps.supports_sample_on_device) == (False, False)
+    assert caps.kv_cache_kinds == ("full_attention", "cross_attention")
     assert sorted(model.config.cross_layers) == [1, 3]
 
 

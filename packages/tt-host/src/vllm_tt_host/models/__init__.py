@@ -19,6 +19,7 @@ from vllm_tt_host.models import (
     gpt_oss,
     llama,
     mistral3,
+    mllama,
     qwen2_5_vl,
     qwen3_5,
 )
@@ -30,6 +31,7 @@ FAMILIES: tuple[HostFamily, ...] = (
     gemma4.FAMILY,
     qwen2_5_vl.FAMILY,
     mistral3.FAMILY,
+    mllama.FAMILY,
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,
     qwen3_5.FAMILY,

@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm_tt_models_registry.contract import CROSS_PAGE_TABLE_KWARG
 
 from vllm_tt_host.models.frame import paged_kv
 from vllm_tt_host.models.frame.checkpoint import (
@@ -39,12 +41,20 @@ from vllm_tt_host.models.frame.checkpoint import (
 )
 from vllm_tt_host.models.frame.decoder import DecodeRows, HostDecoder, PrefillInserts, PrefillPass
 from vllm_tt_host.models.frame.generator import HostCausalLM
+from vllm_tt_host.models.frame.hybrid_kv import layer_name
 from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.mlp import gated_mlp
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import per_row
+from vllm_tt_host.models.mllama import CAPABILITIES
 from vllm_tt_host.models.mllama.config import MllamaConfig
+from vllm_tt_host.models.mllama.processor import (
+    IMAGE_TOKEN,
+    MllamaDummyInputsBuilder,
+    MllamaMultiModalProcessor,
+    MllamaProcessingInfo,
+)
 from vllm_tt_host.models.mllama.vision import MllamaVisionTower, load_mllama_vision_weights
 
 LAYOUTS: tuple[tuple[str, str, str, str], ...] = (
@@ -270,25 +280,38 @@ def load_mllama_decoder(folder: Path, config: MllamaConfig) -> MllamaDecoder:
     return MllamaDecoder(c, weights, tower)
 
 
+@MULTIMODAL_REGISTRY.register_processor(MllamaMultiModalProcessor, info=MllamaProcessingInfo,
+                                        dummy_inputs=MllamaDummyInputsBuilder)
 class HostMllamaForConditionalGeneration(HostCausalLM):
     """Llama 3.2 Vision: prefill rows carry ``IMAGE_KWARGS`` and ``cross_page_table``; decode
     takes ``cross_page_table``. Declares tt-metal's Mllama capabilities (no prefix caching, no
-    device sampling) and no more than its tests prove."""
+    device sampling) and no more than its tests prove; its KV spec puts the cross-attention
+    layers in vLLM's ``CrossAttentionSpec`` group (``processor``: vLLM's multimodal side)."""
+
+    supports_multimodal: ClassVar[bool] = True
 
     family = "llama"
     config_type = MllamaConfig
     decoder_type = MllamaDecoder
     decoder: MllamaDecoder
-    model_capabilities: ClassVar[dict[str, Any]] = {
-        **HostCausalLM.model_capabilities,
-        "supports_prefix_caching": False,
-        "supports_sample_on_device": False,
-        "supports_async_decode": False,  # the decode call's cross_page_table is set before it runs
-        "supports_verify_decode": False,
-        "supports_prompt_logprobs": False,
-        "supports_device_penalties": False,
-        "single_program_lanes": False,
-    }
+    model_capabilities: ClassVar[dict[str, Any]] = dict(CAPABILITIES)
+
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        """What a chat message's image part becomes in the prompt text."""
+        return IMAGE_TOKEN if modality.startswith("image") else None
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
+        """``FullAttentionSpec`` for the self-attention layers, ``CrossAttentionSpec`` for the
+        cross-attention layers (vLLM allocates those once per request, its vision keys)."""
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec, FullAttentionSpec
+
+        config = MllamaConfig.read(vllm_config.model_config.hf_config)
+        common = {"block_size": vllm_config.cache_config.block_size, "num_kv_heads": config.num_kv_heads,
+                  "head_size": config.head_dim, "dtype": vllm_config.model_config.dtype}
+        return {layer_name(i): CrossAttentionSpec(**common) if config.is_cross(i) else FullAttentionSpec(**common)
+                for i in range(config.num_layers)}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -302,7 +325,7 @@ class HostMllamaForConditionalGeneration(HostCausalLM):
                         ) -> list[PrefillInserts | None]:
         count = len(rows)
         per_image = {name: per_row(kwargs.get(name), count, name) for name in IMAGE_KWARGS}
-        cross = kwargs.get("cross_page_table")
+        cross = kwargs.get(CROSS_PAGE_TABLE_KWARG)
         inserts: list[PrefillInserts | None] = []
         for i, row in enumerate(rows):
             images = {name: per_image[name][i] for name in IMAGE_KWARGS}
@@ -337,7 +360,7 @@ class HostMllamaForConditionalGeneration(HostCausalLM):
                        output_tokens: Any = None, reset_batch: bool = False, **kwargs: Any) -> Any:
         """As ``HostCausalLM.decode_forward``, with ``cross_page_table [B, width]`` (every row
         with images reads its vision K/V through it)."""
-        cross = kwargs.pop("cross_page_table", None)
+        cross = kwargs.pop(CROSS_PAGE_TABLE_KWARG, None)
         positions = torch.as_tensor(start_pos).reshape(-1)
         needs = [r for r, seen in enumerate(self.decoder.slot_visible) if seen is not None and int(positions[r]) >= 0]
         if needs and cross is None:
