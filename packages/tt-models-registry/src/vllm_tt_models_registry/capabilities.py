@@ -10,7 +10,7 @@ from vllm_tt_models_registry.errors import ContractError
 
 _FIX = "declare model_capabilities as a dict of the ModelCapabilities fields with those types"
 
-KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state")
+KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state", "cross_attention")
 """The KV cache kinds a model may hold: vLLM's full-attention, sliding-window, latent-attention
 (MLA) and recurrent-state (Mamba-family) specs."""
 

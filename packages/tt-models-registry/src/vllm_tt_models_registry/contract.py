@@ -19,6 +19,7 @@ from vllm_tt_models_registry.errors import ContractError
 __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
+    "CROSS_PAGE_TABLE_KWARG",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -198,6 +199,13 @@ decoder layers) are not sent: the model computes them with its own tower from th
 ``prefill_forward`` and hands them to those layers itself (the host reference carries them in
 the row's ``PrefillInserts.layer_adds``)."""
 
+CROSS_PAGE_TABLE_KWARG = "cross_page_table"
+"""``prefill_forward``'s and ``decode_forward``'s argument for a model declaring the
+``cross_attention`` KV kind (an encoder-decoder model: Llama 3.2 Vision): int32 ``[rows, width]``
+like ``page_table`` (prefill: call order; decode: slot order), each row's blocks of its encoder
+states (vLLM's ``CrossAttentionSpec`` group; empty for a request without images). tt-metal's
+Mllama takes it under this name."""
+
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
 (row ``r`` is slot ``r``, as ``tokens``), each live slot's delta as its prefill returned it
@@ -263,7 +271,7 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", *IMAGE_KWARGS),
+                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS),
         ),
         CallShape(
             "decode_forward",
@@ -276,7 +284,7 @@ CALLS: Mapping[str, CallShape] = {
                 "read_from_device",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "reset_batch", ROPE_DELTAS_KWARG, VERIFY_KWARG),
+                       "reset_batch", CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG),
         ),
         CallShape(
             "get_max_tokens_all_users",

@@ -89,10 +89,6 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
             "remove --enable-sleep-mode; the weights and KV cache live on the mesh in the model's own "
             "buffers, which cannot be released and restored (restart the server to free the mesh)",
         )
-    if model.is_encoder_decoder:
-        raise TTUnsupportedFeatureError(
-            "--model", model.model, "a decoder-only model", "encoder-decoder models are not supported on TT",
-        )
     if getattr(model, "enable_prompt_embeds", False):
         raise TTUnsupportedFeatureError(
             "--enable-prompt-embeds", True, "off", "remove --enable-prompt-embeds; prompt embeddings are not supported on TT",
@@ -101,6 +97,18 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
     if cache.user_specified_block_size and cache.block_size % 32:
         raise TTConfigError("--block-size", cache.block_size, "a multiple of 32 (the device tile)",
                             "use --block-size 32 or 64")
+
+
+def check_encoder_decoder(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """vLLM serves an encoder-decoder model (its config says ``is_encoder_decoder``) with a
+    cross-attention KV group and the encoder inputs on the first prefill; a TT model takes that
+    only when it declares the ``cross_attention`` KV kind (its ``cross_page_table``)."""
+    model = vllm_config.model_config
+    if model is not None and model.is_encoder_decoder and "cross_attention" not in caps.kv_cache_kinds:
+        raise TTUnsupportedFeatureError(
+            "--model", model.model, "a decoder-only model, or one whose TT class declares the cross_attention "
+            "KV kind", f"{arch} does not read a cross-attention KV cache; serve a decoder-only model",
+        )
 
 
 def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
