@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,9 @@ from vllm_tt_host.models.frame.mlp import gated_mlp
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from vllm_tt_host.models.frame.mtp import MtpModule
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,12 @@ class HostDecoder:
         self.rotaries = tuple(
             RotaryEmbedding.of(config.rope_of(i), config.head_dim_of(i)) for i in range(config.num_layers)
         )
+        self.mtp: MtpModule | None = None
+        """The checkpoint's MTP module, for families that load one (``frame.mtp``)."""
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
+        """``[T, hidden]`` of the last ``prefill`` (its real positions) or ``[B, hidden]`` of
+        the last ``decode``, when ``keep_hidden``."""
 
     @torch.no_grad()
     def prefill(
@@ -107,6 +116,7 @@ class HostDecoder:
         embeddings and lets blocks of positions attend both ways."""
         n = new_tokens.shape[0]
         x = self._prefill_layers(new_tokens, start, bucket, page_rows, lane_kv, inserts)
+        self._keep_hidden(x[:n])
         if all_positions:
             return self._logits(x[:n])
         return self._logits(x[n - 1 : n])[0]
@@ -159,31 +169,44 @@ class HostDecoder:
         write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
         step = DecodeRows.of(positions, kv, rows_per_lane)
-        return self._logits(self._decode_layers(self._embed(tokens.long()), step, page_tables, kv))
+        x = self._decode_layers(self._embed(tokens.long()), step, page_tables, kv)
+        self._keep_hidden(x)
+        return self._logits(x)
+
+    def _keep_hidden(self, x: torch.Tensor) -> None:
+        """With ``keep_hidden`` (an MTP module drafts from them), the last call's final hidden
+        states after the model's norm: what the target hands its MTP module."""
+        if self.keep_hidden:
+            self.last_hidden = self._norm(x, self.weights.norm)
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
                        kv: list[LaneKV]) -> torch.Tensor:
         """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``."""
-        live, pos, size = step.live, step.pos, step.block_size
         for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
-            window = self.config.window(index)
-            first = paged_kv.first_block(pos, window, size)
-            pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
-            mask = paged_kv.visible(key_pos, pos[:, None], window)
-            pages, offsets = paged_kv.locate(page_table, pos, size)
-            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
-            keys, values = [], []
-            for lane, rows in enumerate(step.lanes):
-                k_cache, v_cache = kv[lane][index]
-                write = live[rows]
-                if self.config.kv_source(index) == index:
-                    paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
-                    paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
-                keys.append(paged_kv.gather(k_cache, pages_used[rows]))
-                values.append(paged_kv.gather(v_cache, pages_used[rows]))
-            out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
-            x = self._finish_layer(x, out[:, :, 0, :], layer)
+            x = self.decode_layer(x, step, index, layer, page_table, [lane_kv[index] for lane_kv in kv])
         return x
+
+    def decode_layer(self, x: torch.Tensor, step: DecodeRows, index: int, layer: LayerWeights,
+                     page_table: torch.Tensor, caches: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+        """One attention layer of a decode step: ``x [B, hidden]`` in and out, the layer's KV
+        ``caches`` one ``[K, V]`` per lane (an MTP module's block runs through here too)."""
+        live, pos, size = step.live, step.pos, step.block_size
+        window = self.config.window(index)
+        first = paged_kv.first_block(pos, window, size)
+        pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
+        mask = paged_kv.visible(key_pos, pos[:, None], window)
+        pages, offsets = paged_kv.locate(page_table, pos, size)
+        q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
+        keys, values = [], []
+        for (k_cache, v_cache), rows in zip(caches, step.lanes, strict=True):
+            write = live[rows]
+            if self.config.kv_source(index) == index:
+                paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
+                paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
+            keys.append(paged_kv.gather(k_cache, pages_used[rows]))
+            values.append(paged_kv.gather(v_cache, pages_used[rows]))
+        out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
+        return self._finish_layer(x, out[:, :, 0, :], layer)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]
