@@ -80,7 +80,10 @@ def test_max_tokens_stop_tokens_and_eos_are_exact(engine):
 
 
 def test_sampled_continuations_keep_the_target_distribution(engine):
-    """The shared chi-square check with the module's greedy drafts."""
+    """The shared chi-square check with the module's greedy drafts (unseeded and seeded). The
+    trained tiny DeepSeek V3's top-4 at temperature 0.5 and 0.625 differ too little for 400
+    samples (expected chi-square excess ~30-50 over 255 degrees of freedom), so the power
+    check against the hotter distribution is the untrained llama tests' to make."""
     model_dir, llm = engine
     prompt = repetitive_prompts(llm.get_tokenizer().vocab_size)[0]
-    assert_keeps_target_distribution(llm, model_dir, prompt, acceptance_range=(0.05, 0.99))
+    assert_keeps_target_distribution(llm, model_dir, prompt, acceptance_range=(0.05, 0.99), tells_hotter_apart=False)

@@ -72,9 +72,18 @@ def test_drafts_match_the_module_in_transformers(reference):
         assert drafts[r].tolist() == [int(first.argmax()), int(second.argmax())], r
 
 
-def test_a_checkpoint_without_mtp_weights_has_no_module():
-    folder = cached_tiny("deepseek_v3", MTP_TARGET_STEPS)
-    model = _model(folder)
+def test_a_checkpoint_without_mtp_weights_is_refused_when_it_loads():
+    """Its config may declare an MTP layer (transformers' default does): the runner's drafter
+    refuses it by the setting, and so does the model if asked for MTP pages."""
+    from types import SimpleNamespace
+
+    from vllm_tt_platform.runner.mtp import MtpDrafts
+
+    model = _model(cached_tiny("deepseek_v3", MTP_TARGET_STEPS))
     assert model.mtp_layers == 0
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="tiny-deepseek", max_model_len=128),
+                                  cache_config=SimpleNamespace(block_size=BLOCK))
+    with pytest.raises(TTConfigError, match="--speculative-config method"):
+        MtpDrafts(vllm_config, model, None, 1, ROWS)  # type: ignore[arg-type]
     with pytest.raises(TTConfigError, match="--speculative-config method"):
         model.allocate_mtp_kv_cache((9, 1, BLOCK, model.config.head_dim), torch.float32)
