@@ -61,12 +61,7 @@ def test_drafts_match_the_module_in_transformers(reference):
             embedded = head.embed[torch.tensor([[*f, int(first.argmax())]])]
             embedded[:, 0] = 0.0
             joined = torch.cat((head._norm(embedded[:, :-1], head.enorm), head._norm(hidden, head.hnorm)), -1)
-            outputs: list[torch.Tensor] = []  # the block's output before the shared head's norm
-            hook = head.block.model.layers[0].register_forward_hook(
-                lambda _m, _i, o: outputs.append(o[0] if isinstance(o, tuple) else o))
-            head.block.model(inputs_embeds=head.eh_proj(joined))
-            hook.remove()
-            out = outputs[0]
+            out = _block_output(head, joined)
             chained = torch.cat((hidden, out[:, -1:]), dim=1)
             second = head.logits(torch.tensor([[*f, int(first.argmax())]]), chained)[0, -1]
         assert drafts[r].tolist() == [int(first.argmax()), int(second.argmax())], r
@@ -87,3 +82,14 @@ def test_a_checkpoint_without_mtp_weights_is_refused_when_it_loads():
         MtpDrafts(vllm_config, model, None, 1, ROWS)  # type: ignore[arg-type]
     with pytest.raises(TTConfigError, match="--speculative-config method"):
         model.allocate_mtp_kv_cache((9, 1, BLOCK, model.config.head_dim), torch.float32)
+
+
+def _block_output(head: MtpHead, joined: torch.Tensor) -> torch.Tensor:
+    """The module's block output before the shared head's norm (transformers reports only the
+    normed one)."""
+    outputs: list[torch.Tensor] = []
+    hook = head.block.model.layers[0].register_forward_hook(
+        lambda _m, _i, o: outputs.append(o[0] if isinstance(o, tuple) else o))
+    head.block.model(inputs_embeds=head.eh_proj(joined))
+    hook.remove()
+    return outputs[0]

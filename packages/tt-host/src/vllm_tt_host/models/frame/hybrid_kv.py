@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm_tt_host.models.frame import paged_kv
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.inputs import check_kv_shape
 from vllm_tt_host.models.frame.paged_kv import LaneKV

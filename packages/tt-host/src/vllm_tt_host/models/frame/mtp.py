@@ -127,12 +127,15 @@ def _mtp_program(
     model: HostCausalLM, module: MtpModule, tokens: torch.Tensor, start: torch.Tensor, valid: torch.Tensor,
     table: torch.Tensor, kv_cache: list[LaneKV], num_drafts: int,
 ) -> torch.Tensor:
+    retained = model.retained
+    if retained is None:
+        raise HostModelInputError("mtp_forward before allocate_mtp_kv_cache: no hidden states were kept")
     rows, hidden_size = tokens.shape[0], model.config.hidden_size
     valid = valid.clone()  # rows without kept hidden states draft nothing
     hidden = torch.zeros(rows, tokens.shape[1], hidden_size)
     first = torch.zeros(rows, dtype=torch.long)
     for r in (valid > 0).nonzero().flatten().tolist():
-        offset, kept = model.retained.take(r, int(start[r]), int(valid[r]))
+        offset, kept = retained.take(r, int(start[r]), int(valid[r]))
         if kept.shape[0] < int(valid[r]) - offset:  # the target never computed them: no drafts
             valid[r] = 0
             continue
