@@ -263,6 +263,18 @@ def test_bad_speculation_is_refused_at_startup(llama, spec, error, setting):
     assert error is ValueError or "Fix:" in str(info.value)
 
 
+def test_mtp_k_beyond_the_verify_trace_is_refused_at_startup():
+    """``method: mtp`` with K beyond the verify traces is refused before the model loads (a
+    checkpoint without MTP weights is refused when it loads: tt-host's test_host_mtp)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_testing.checkpoints import cached_mtp
+
+    with pytest.raises(TTConfigError) as info:
+        EngineArgs(model=str(cached_mtp()), max_model_len=256, additional_config=HOST,
+                   speculative_config={"method": "mtp", "num_speculative_tokens": 8}).create_engine_config()
+    assert "--speculative-config num_speculative_tokens" in str(info.value) and "Fix:" in str(info.value)
+
+
 def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch):
     """vLLM keeps async scheduling on for draft_model; the TT runner proposes drafts between
     steps, so an explicit --async-scheduling is refused (vLLM's default is switched off)."""

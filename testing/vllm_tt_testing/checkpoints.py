@@ -86,6 +86,20 @@ def cached_drafter(arch: str, num_hidden_layers: int = 1, vocab_size: int | None
                   target.name, num_hidden_layers, vocab_size, inspect.getsource(tiny_drafter))
 
 
+MTP_TARGET_STEPS = 120
+"""The tiny DeepSeek V3 the MTP checkpoint extends (the DeepSeek V3 tests' recipe)."""
+
+
+def cached_mtp(train_steps: int = 150) -> Path:
+    """The tiny DeepSeek V3 with a trained MTP module (``tiny_mtp.build_mtp_checkpoint``)."""
+    from vllm_tt_testing import tiny_mtp
+
+    target = cached_tiny("deepseek_v3", MTP_TARGET_STEPS)
+    return cached(f"mtp-deepseek_v3-{train_steps}",
+                  lambda out: tiny_mtp.build_mtp_checkpoint(target, out, train_steps),
+                  target.name, train_steps, inspect.getsource(tiny_mtp))
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int, prefix: str = ""
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

@@ -50,6 +50,14 @@ class ModelCapabilities:
     max_verify_tokens: int = 0
     """Longest verify step (``1 + K`` tokens per row) the model captures a trace for; 0: any.
     A ``num_speculative_tokens`` beyond it is refused at startup."""
+    supports_mtp: bool = False
+    """The model runs its checkpoint's multi-token-prediction module on the mesh
+    (``--speculative-config method mtp``): ``allocate_mtp_kv_cache(shape, dtype)`` gives the
+    module its KV pages (the target's layer shape, one page per target block) and makes the
+    target's steps keep their final hidden states on the device; ``mtp_forward(tokens,
+    start_pos, num_valid_tokens, page_table, kv_cache, num_drafts)`` reads them and returns
+    draft ids ``[B, num_drafts]``; ``mtp_layers`` says how many modules the loaded checkpoint
+    has (0: its MTP weights are absent)."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     pooling_model: bool = False

@@ -301,6 +301,9 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace"), sometimes=("token_type_ids",)),
         CallShape("warmup_model_pool", keywords=("shapes", "enable_trace")),
         CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
+        CallShape("allocate_mtp_kv_cache", ("kv_cache_shape", "dtype")),
+        CallShape("mtp_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
+                                           "num_drafts")),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
         CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
@@ -378,6 +381,13 @@ def check_model_class(
                 owner,
                 why="it declares supports_sample_on_device",
             )
+    if capabilities.supports_mtp and not all(callable(getattr(model_cls, m, None))
+                                             for m in ("allocate_mtp_kv_cache", "mtp_forward")):
+        raise ContractError(
+            owner, f"class {name} declares supports_mtp but lacks allocate_mtp_kv_cache() or mtp_forward()",
+            f"implement {CALLS['allocate_mtp_kv_cache'].render()} and {CALLS['mtp_forward'].render()}, "
+            "or drop the capability",
+        )
     if capabilities.supports_async_decode and not callable(getattr(model_cls, "read_decode_output", None)):
         raise ContractError(
             owner,

@@ -17,7 +17,7 @@ from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import SpeculativeConfig, VllmConfig
 
 TT_DEVICE_NAMES = ("", "tt")
 
@@ -136,9 +136,11 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
         )
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp")
 """``--speculative-config`` methods the TT runner serves: vLLM's ``NgramProposer`` on the host,
-and a drafter checkpoint run as a second program on the mesh (``runner.draft_model``)."""
+a drafter checkpoint run as a second program on the mesh (``runner.draft_model``), and the
+checkpoint's own MTP module run by the model (``runner.mtp``; vLLM maps ``deepseek_mtp``,
+``qwen3_5_mtp``, ... to ``mtp``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
@@ -160,6 +162,8 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
             "remove --speculative-config",
         )
+    if vllm_config.speculative_config.method == "mtp":
+        _check_mtp(vllm_config.speculative_config, caps, arch)
     k = vllm_config.speculative_config.num_speculative_tokens or 0
     if caps.max_verify_tokens and 1 + k > caps.max_verify_tokens:
         raise TTConfigError(
@@ -167,6 +171,27 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             f"at most {caps.max_verify_tokens - 1} for {arch}, whose verify traces hold "
             f"{caps.max_verify_tokens} tokens per row (model_capabilities max_verify_tokens)",
             f"set num_speculative_tokens to {caps.max_verify_tokens - 1} or less",
+        )
+
+
+def _check_mtp(spec: SpeculativeConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``method: mtp`` needs a model class that runs MTP modules and a checkpoint config that
+    declares some (vLLM's ``n_predict``, from ``num_nextn_predict_layers`` /
+    ``mtp_num_hidden_layers``); the weights themselves are checked when the model loads."""
+    if not caps.supports_mtp:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config method", "mtp",
+            f"ngram or draft_model for {arch}, whose model_capabilities do not declare supports_mtp",
+            "use method ngram or draft_model, or serve a model whose class runs its MTP module (mtp_forward)",
+        )
+    draft = spec.draft_model_config
+    n_predict = getattr(draft.hf_config, "n_predict", None) if draft is not None else None
+    if not n_predict:
+        raise TTConfigError(
+            "--speculative-config method", "mtp",
+            f"a checkpoint with MTP layers; {spec.model}'s config declares none "
+            "(num_nextn_predict_layers / mtp_num_hidden_layers unset or 0)",
+            "use method ngram or draft_model, or serve a checkpoint that ships MTP weights and declares them",
         )
 
 

@@ -19,6 +19,7 @@ prediction. The chosen durations are in the startup log.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,10 @@ MODEL_PROFILES: dict[str, ModelDims] = {
     "llama-3.1-8b": ModelDims(32, 4096, 14336, 32, 8, 128, 128256),
     "llama-3.3-70b": ModelDims(80, 8192, 28672, 64, 8, 128, 128256),
     "llama-3.2-1b": ModelDims(16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
+    # DeepSeek V3 as the dense model a decode step reads alike: its 37B active parameters of
+    # 671B (per layer ~0.61B: MLA projections and 8 + 1 of 256 experts), its latent KV of 576
+    # values per token and layer (one 288-wide "head" for K and V).
+    "deepseek-v3": ModelDims(61, 7168, 3450, 128, 1, 288, 129280),
 }
 """Named models to time instead of the served checkpoint (its math still runs, or is skipped)."""
 
@@ -136,6 +141,14 @@ class ProgramCosts:
     dims: ModelDims | None = None
     mesh: MeshCost | None = None
     description: str = ""
+
+    def with_layers(self, num_layers: int) -> ProgramCosts:
+        """The programs of ``num_layers`` of these layers and an own (untied) LM head: a
+        model's MTP module (one decoder block and its head) on the same mesh."""
+        if self.dims is None:
+            return self
+        dims = dataclasses.replace(self.dims, num_layers=num_layers, tied_embeddings=False)
+        return dataclasses.replace(self, dims=dims, description=f"{self.description}, {num_layers} layer(s) + head")
 
     def decode_s(self, context_tokens: int) -> float:
         """One decode step over the batch; ``context_tokens`` = KV positions read, all rows."""

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,9 @@ from vllm_tt_host.models.frame.mlp import gated_mlp
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from vllm_tt_host.models.frame.mtp import MtpModule
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class HostDecoder:
         self.rotaries = tuple(
             RotaryEmbedding.of(config.rope_of(i), config.head_dim_of(i)) for i in range(config.num_layers)
         )
+        self.mtp: MtpModule | None = None
+        """The checkpoint's MTP module, for families that load one (``frame.mtp``)."""
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
+        """``[T, hidden]`` of the last ``prefill`` (its real positions) or ``[B, hidden]`` of
+        the last ``decode``, when ``keep_hidden``."""
 
     @torch.no_grad()
     def prefill(
@@ -131,6 +140,7 @@ class HostDecoder:
         embeddings and lets blocks of positions attend both ways."""
         n = new_tokens.shape[0]
         x = self._prefill_layers(new_tokens, start, bucket, page_rows, lane_kv, inserts)
+        self._keep_hidden(x[:n])
         if all_positions:
             return self._logits(x[:n])
         return self._logits(x[n - 1 : n])[0]
@@ -195,7 +205,15 @@ class HostDecoder:
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
         step = DecodeRows.of(positions, kv, rows_per_lane)
         x = self._embed(tokens.long())
-        return self._logits(self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x)))
+        x = self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x))
+        self._keep_hidden(x)
+        return self._logits(x)
+
+    def _keep_hidden(self, x: torch.Tensor) -> None:
+        """With ``keep_hidden`` (an MTP module drafts from them), the last call's final hidden
+        states after the model's norm: what the target hands its MTP module."""
+        if self.keep_hidden:
+            self.last_hidden = self._norm(x, self.weights.norm)
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
                        kv: list[LaneKV], per_layer: torch.Tensor | None = None) -> torch.Tensor:
@@ -208,8 +226,16 @@ class HostDecoder:
 
     def _decode_layer(self, index: int, layer: LayerWeights, x: torch.Tensor, step: DecodeRows,
                       page_table: torch.Tensor, kv: list[LaneKV], layer_input: torch.Tensor | None = None) -> torch.Tensor:
-        """Layer ``index`` of one decode step over every row: write the live rows' KV, attend, MLP
-        (``layer_input`` as for ``_prefill_layer``)."""
+        """Layer ``index`` of one decode step over every row (``layer_input`` as for
+        ``_prefill_layer``); a family overrides it for layers of another kind."""
+        return self.decode_layer(x, step, index, layer, page_table, [lane_kv[index] for lane_kv in kv], layer_input)
+
+    def decode_layer(self, x: torch.Tensor, step: DecodeRows, index: int, layer: LayerWeights,
+                     page_table: torch.Tensor, caches: Sequence[Sequence[torch.Tensor]],
+                     layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """One attention layer of a decode step: ``x [B, hidden]`` in and out, the layer's KV
+        ``caches`` one ``[K, V]`` per lane (an MTP module's block runs through here too): write
+        the live rows' KV, attend, MLP."""
         live, pos, size = step.live, step.pos, step.block_size
         window = self.config.window(index)
         first = paged_kv.first_block(pos, window, size)
@@ -218,8 +244,7 @@ class HostDecoder:
         pages, offsets = paged_kv.locate(page_table, pos, size)
         q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
         keys, values = [], []
-        for lane, rows in enumerate(step.lanes):
-            k_cache, v_cache = kv[lane][index]
+        for (k_cache, v_cache), rows in zip(caches, step.lanes, strict=True):
             write = live[rows]
             if self.config.kv_source(index) == index:
                 paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
