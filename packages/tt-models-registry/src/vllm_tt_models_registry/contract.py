@@ -19,6 +19,8 @@ from vllm_tt_models_registry.errors import ContractError
 __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
+    "KV_TRANSFER_HANDLE",
+    "KV_TRANSFER_METHODS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -135,6 +137,23 @@ class TTModelExtras(Protocol):
         the same ``tensor_idx`` share storage."""
         ...
 
+    def read_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any) -> Any:
+        """Start copying blocks ``block_ids`` (int, the lane's own ids) of decoder ``layers``
+        from lane ``lane``'s KV cache to host memory; returns at once with a handle (see
+        :data:`KV_TRANSFER_HANDLE`) whose ``result()`` is, per layer in ``layers`` order, the
+        layer's distinct cache tensors (K and V; one latent; a recurrent layer's states) each
+        indexed by block: ``[len(block_ids), ...]`` host tensors in the device's layout. The
+        copy runs in order with the programs already queued, so it sees their KV. Required
+        when ``supports_kv_transfer`` is declared."""
+        ...
+
+    def write_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any, pages: Any) -> Any:
+        """Start copying ``pages`` (what ``read_kv_blocks`` returned for the same ``layers``,
+        any blocks) into blocks ``block_ids`` of lane ``lane``'s KV cache; returns at once with
+        a handle whose ``result()`` is None once the blocks are on the device, before any
+        program queued after the call runs. Required when ``supports_kv_transfer`` is declared."""
+        ...
+
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         """Start a non-blocking readback of one decode submission: ``(host_out, events)``.
         Required when ``supports_async_decode`` is declared."""
@@ -193,6 +212,14 @@ its CPU-side keys such as ``image_grid_thw``). Qwen2.5-VL:
 ``pixel_values`` ``[patches, C*T*P*P]`` (uint8 unless ``--mm-device-do-normalize false``) and
 ``image_grid_thw`` int64 ``[3]``, ``(t, h, w)`` in patches. Gemma 3: ``pixel_values``
 ``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``."""
+
+KV_TRANSFER_HANDLE = ("done", "result")
+"""What ``read_kv_blocks`` / ``write_kv_blocks`` return: an object with ``done() -> bool``
+(the copy completed; never blocks) and ``result()`` (blocks until it did, then gives its
+value or raises its error), like a ``concurrent.futures.Future``."""
+
+KV_TRANSFER_METHODS: tuple[str, ...] = ("read_kv_blocks", "write_kv_blocks")
+"""The members ``supports_kv_transfer`` requires."""
 
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
@@ -289,6 +316,8 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace"), sometimes=("token_type_ids",)),
         CallShape("warmup_model_pool", keywords=("shapes", "enable_trace")),
         CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
+        CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
+        CallShape("write_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids", "pages")),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
         CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
@@ -371,6 +400,13 @@ def check_model_class(
             owner,
             f"class {name} declares supports_async_decode but has no method read_decode_output()",
             f"implement {CALLS['read_decode_output'].render()} or drop the capability",
+        )
+    missing = [m for m in KV_TRANSFER_METHODS if not callable(getattr(model_cls, m, None))]
+    if capabilities.supports_kv_transfer and missing:
+        raise ContractError(
+            owner,
+            f"class {name} declares supports_kv_transfer but has no method {missing[0]}()",
+            f"implement {' and '.join(CALLS[m].render() for m in KV_TRANSFER_METHODS)} or drop the capability",
         )
     return capabilities
 

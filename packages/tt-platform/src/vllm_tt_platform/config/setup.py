@@ -22,6 +22,7 @@ from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
     check_environment,
+    check_kv_transfer,
     check_runner,
     check_speculation,
     check_vllm_features,
@@ -154,6 +155,7 @@ def configure(vllm_config: VllmConfig) -> None:
         and cli_flags.given("enable_prefix_caching"),
     )
     check_runner(vllm_config, caps, setup.model.arch)
+    check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "

@@ -14,6 +14,7 @@ from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     AsyncModelRunnerOutput,
     DraftTokenIds,
+    KVConnectorOutput,
     ModelRunnerOutput,
 )
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
@@ -31,6 +32,7 @@ from vllm_tt_platform.runner.draft_model import DraftModel
 from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
+from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
@@ -47,6 +49,8 @@ class _PendingStep:
 
     plan: StepPlan
     result: StepResult
+    kv_transfers: KVConnectorOutput | None = None
+    """What vLLM's KV connector reported for the step (``--kv-offloading-size``)."""
 
 
 def _not_run(call: str, what: str) -> RuntimeError:
@@ -85,8 +89,11 @@ class TTModelRunner:
         self._draft_model: DraftModel | None = None
         """``method: draft_model``: the drafter checkpoint on the mesh (its own KV pages)."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
+        self.connector: StepConnector = NO_CONNECTOR
+        """vLLM's KV connector (KV offloading), set by ``initialize_kv_cache``."""
         self.overlap = overlap_for(
-            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+            # A KV connector reports every step's transfers in that step's output.
+            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling) and vllm_config.kv_transfer_config is None,
             supports_async_decode=setup.capabilities.supports_async_decode, decode_trace=self.decode_trace,
             sampling=self.sampling.steady,
             mesh_device=mesh_device, watch=self.device_watch,
@@ -192,6 +199,9 @@ class TTModelRunner:
         self._num_blocks = kv_cache_config.num_blocks
         self.table_width = self.kv.table_width(self.max_model_len, self.num_blocks)
         self._kv_cache = self.kv.allocate(self.model, self.model_cls, kv_cache_config)
+        self.connector = step_connector(self.vllm_config)
+        if self.kv.planned is not None:
+            self.connector.register(self.model, self._kv_cache, self.kv.planned, kv_cache_config)
         if self._draft_model is not None:
             self._draft_model.allocate(self.num_blocks, self.table_width, self.kv.heads_per_device)
 
@@ -244,8 +254,14 @@ class TTModelRunner:
         self.sampling.track(out, added, resumed, released)
         if self._spec is not None and released:
             self._spec.released(released)
+        self.connector.before_step(out)
         if out.total_num_scheduled_tokens == 0:
-            return EMPTY_MODEL_RUNNER_OUTPUT
+            return self.connector.idle_output(out)
+        with self.connector.step(out) as kv_transfers:
+            self._pending = self._run_step(out, kv_transfers)
+        return None
+
+    def _run_step(self, out: SchedulerOutput, kv_transfers: KVConnectorOutput | None) -> _PendingStep:
         plan = StepPlan.build(out, self.batch)
         drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
         decision = self.sampling.decide(plan, verify=bool(drafts))
@@ -259,8 +275,7 @@ class TTModelRunner:
             result = self._verify(calls, plan, sampling, drafts)
         else:
             result = self._decode(calls, plan, sampling)
-        self._pending = _PendingStep(plan, result)
-        return None
+        return _PendingStep(plan, result, kv_transfers)
 
     def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
         """Lane of each new request, read from its first block id (lane-numbered blocks)."""
@@ -338,6 +353,8 @@ class TTModelRunner:
                 assert_never(result)
         if self._spec is not None:
             self._spec.produced(producing)
+        if pending.kv_transfers is not None:
+            output.kv_connector_output = pending.kv_transfers
         return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
