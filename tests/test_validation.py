@@ -59,7 +59,9 @@ CASES = [
     ("kv-offload-spec", {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                                                 "kv_connector_extra_config": {"spec_name": "CPUOffloadingSpec"}}},
      {}, TTUnsupportedFeatureError, "spec_name"),
-    ("kv-offload-lanes", {"kv_offloading_size": 1.0, "data_parallel_size": 2}, {"MESH_DEVICE": "N300"},
+    # its own additional_config: folding -dp into lanes writes the lane shape into it
+    ("kv-offload-lanes", {"kv_offloading_size": 1.0, "data_parallel_size": 2, "additional_config": _host()},
+     {"MESH_DEVICE": "N300"},
      TTUnsupportedFeatureError, "--kv-offloading-size with lanes"),
     ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
