@@ -45,6 +45,7 @@ FEATURES: dict[str, Feature] = {
     "supports_device_penalties": Feature("Device penalties", "sampling.md#which-batches-sample-on-the-device"),
     "max_device_logprobs": Feature("Device logprobs (top n)", "sampling.md#logprobs"),
     "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
+    "supports_kv_transfer": Feature("KV offload to host memory", "kv-offload.md"),
     "supports_verify_decode": Feature("Speculative decoding (verify steps)", "speculative-decoding.md"),
     "max_verify_tokens": Feature("Longest verify step (1 + K)", "speculative-decoding.md#limits"),
     "supports_mtp": Feature("MTP speculation (the checkpoint's MTP module)",
@@ -111,6 +112,12 @@ PROOFS: tuple[Proof, ...] = (
           ("gemma4",), "prefix-cache hits past the window match transformers, KV-shared layers reading them"),
     Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_gpt_oss.py::test_prefix_cache_hit_reads_only_its_window",
           ("gpt_oss",), "a hit on 4 cached blocks: the sliding layer reads only the blocks its window reaches"),
+    Proof("supports_kv_transfer", f"{_HOST_TESTS}/test_kv_transfer.py::test_blocks_go_to_the_host_and_back_into_other_blocks",
+          ("llama", "gemma3", "deepseek_v3", "qwen3_5"), "full, sliding, latent and recurrent-state blocks copied to the "
+          "host and back into other blocks hold the same values"),
+    Proof("supports_kv_transfer", f"{_E2E}/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
+          ("llama",), "--kv-offloading-size: prefixes evicted from a 12-block device pool load back from host memory; "
+          "outputs equal transformers"),
     Proof("single_program_lanes",
           f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
           ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),

@@ -47,8 +47,22 @@ CASES = [
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
     ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
+    # KV offloading is served (tests/e2e/test_kv_offload.py); every other connector is refused by name
     ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
-     TTUnsupportedFeatureError, "--kv-transfer-config"),
+     TTUnsupportedFeatureError, "ExampleConnector"),
+    ("kv-nixl", {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"}}, {},
+     TTUnsupportedFeatureError, "NixlConnector"),
+    ("kv-lmcache", {"kv_offloading_size": 1.0, "kv_offloading_backend": "lmcache"}, {},
+     TTUnsupportedFeatureError, "LMCacheMPConnector"),
+    ("kv-simple-offload", {"kv_offloading_size": 1.0}, {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
+     TTUnsupportedFeatureError, "SimpleCPUOffloadConnector"),
+    ("kv-offload-spec", {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                                "kv_connector_extra_config": {"spec_name": "CPUOffloadingSpec"}}},
+     {}, TTUnsupportedFeatureError, "spec_name"),
+    # its own additional_config: folding -dp into lanes writes the lane shape into it
+    ("kv-offload-lanes", {"kv_offloading_size": 1.0, "data_parallel_size": 2, "additional_config": _host()},
+     {"MESH_DEVICE": "N300"},
+     TTUnsupportedFeatureError, "--kv-offloading-size with lanes"),
     ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
@@ -196,6 +210,19 @@ def test_good_configuration_is_rewritten_for_tt(llama):
     assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTAsyncScheduler"
     assert config.cache_config.block_size == 64
     assert config.scheduler_config.async_scheduling is True
+
+
+def test_kv_offloading_selects_the_tt_transfer_handler(llama):
+    """``--kv-offloading-size`` keeps vLLM's OffloadingConnector and points it at the TT spec."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.kv_offload.selection import SPEC_KEYS
+
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                        kv_offloading_size=0.5).create_engine_config()
+    kv = config.kv_transfer_config
+    assert kv is not None and kv.kv_connector == "OffloadingConnector" and kv.kv_role == "kv_both"
+    assert {**kv.kv_connector_extra_config, "cpu_bytes_to_use": None} == {**SPEC_KEYS, "cpu_bytes_to_use": None}
+    assert kv.kv_connector_extra_config["cpu_bytes_to_use"] == 0.5 * (1 << 30)
 
 
 def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, monkeypatch):

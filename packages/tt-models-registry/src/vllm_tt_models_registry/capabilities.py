@@ -69,6 +69,10 @@ class ModelCapabilities:
     row ``[B, D]`` (a sequence classifier's logits, e.g. a cross-encoder reranker's score)
     instead of hidden states; served as vLLM's ``classify`` task (``/classify``, ``/score``,
     ``/rerank``)."""
+    supports_kv_transfer: bool = False
+    """``read_kv_blocks`` / ``write_kv_blocks`` copy KV blocks of any kind the model holds
+    between the mesh and host memory, asynchronously: what vLLM's KV offloading
+    (``--kv-offloading-size``) is served through."""
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)
     """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
     needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""

@@ -20,6 +20,8 @@ __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
     "CROSS_PAGE_TABLE_KWARG",
+    "KV_TRANSFER_HANDLE",
+    "KV_TRANSFER_METHODS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -136,6 +138,23 @@ class TTModelExtras(Protocol):
         the same ``tensor_idx`` share storage."""
         ...
 
+    def read_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any) -> Any:
+        """Start copying blocks ``block_ids`` (int, the lane's own ids) of decoder ``layers``
+        from lane ``lane``'s KV cache to host memory; returns at once with a handle (see
+        :data:`KV_TRANSFER_HANDLE`) whose ``result()`` is, per layer in ``layers`` order, the
+        layer's distinct cache tensors (K and V; one latent; a recurrent layer's states) each
+        indexed by block: ``[len(block_ids), ...]`` host tensors in the device's layout. The
+        copy runs in order with the programs already queued, so it sees their KV. Required
+        when ``supports_kv_transfer`` is declared."""
+        ...
+
+    def write_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any, pages: Any) -> Any:
+        """Start copying ``pages`` (what ``read_kv_blocks`` returned for the same ``layers``,
+        any blocks) into blocks ``block_ids`` of lane ``lane``'s KV cache; returns at once with
+        a handle whose ``result()`` is None once the blocks are on the device, before any
+        program queued after the call runs. Required when ``supports_kv_transfer`` is declared."""
+        ...
+
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         """Start a non-blocking readback of one decode submission: ``(host_out, events)``.
         Required when ``supports_async_decode`` is declared."""
@@ -205,6 +224,14 @@ CROSS_PAGE_TABLE_KWARG = "cross_page_table"
 like ``page_table`` (prefill: call order; decode: slot order), each row's blocks of its encoder
 states (vLLM's ``CrossAttentionSpec`` group; empty for a request without images). tt-metal's
 Mllama takes it under this name."""
+
+KV_TRANSFER_HANDLE = ("done", "result")
+"""What ``read_kv_blocks`` / ``write_kv_blocks`` return: an object with ``done() -> bool``
+(the copy completed; never blocks) and ``result()`` (blocks until it did, then gives its
+value or raises its error), like a ``concurrent.futures.Future``."""
+
+KV_TRANSFER_METHODS: tuple[str, ...] = ("read_kv_blocks", "write_kv_blocks")
+"""The members ``supports_kv_transfer`` requires."""
 
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
@@ -304,6 +331,8 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("allocate_mtp_kv_cache", ("kv_cache_shape", "dtype")),
         CallShape("mtp_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
                                            "num_drafts")),
+        CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
+        CallShape("write_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids", "pages")),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
         CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
@@ -393,6 +422,13 @@ def check_model_class(
             owner,
             f"class {name} declares supports_async_decode but has no method read_decode_output()",
             f"implement {CALLS['read_decode_output'].render()} or drop the capability",
+        )
+    missing = [m for m in KV_TRANSFER_METHODS if not callable(getattr(model_cls, m, None))]
+    if capabilities.supports_kv_transfer and missing:
+        raise ContractError(
+            owner,
+            f"class {name} declares supports_kv_transfer but has no method {missing[0]}()",
+            f"implement {' and '.join(CALLS[m].render() for m in KV_TRANSFER_METHODS)} or drop the capability",
         )
     return capabilities
 

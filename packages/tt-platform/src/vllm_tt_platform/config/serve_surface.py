@@ -89,11 +89,15 @@ SURFACE: tuple[Entry, ...] = (
            "test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host"),
           ("additional_config",)),
     Entry(W, "tests/test_cli_flags.py::test_config_file_entry_is_recorded", ("config",)),
+    Entry(W, "tests/e2e/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
+          ("kv_offloading_size", "kv_offloading_backend")),
     # --- refused at startup ------------------------------------------------------------------
     Entry(R, _FEATURES, ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
-                         "data_parallel_backend", "kv_transfer_config", "enable_sleep_mode",
+                         "data_parallel_backend", "enable_sleep_mode",
                          "enable_prompt_embeds", "enable_lora")),
     Entry(R, "vllm_tt_platform.config.startup_checks:check_runner", ("convert",)),
+    # every connector but vLLM's OffloadingConnector, which --kv-offloading-size selects
+    Entry(R, "vllm_tt_platform.config.startup_checks:check_kv_transfer", ("kv_transfer_config",)),
     Entry(R, _FEATURES, prefix="lora_"),
     Entry(R, _FEATURES, ("max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
                          "default_mm_loras", "specialize_active_lora", "enable_tower_connector_lora",
@@ -186,8 +190,8 @@ SURFACE: tuple[Entry, ...] = (
         "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size", "mamba_cache_mode",
         "enable_mamba_shared_prefix_checkpoint", "enable_mamba_cache_stochastic_rounding",
         "mamba_cache_philox_rounds", "replayssm_buffer_len", "use_replayssm")),
-    Entry(G, "KV / weight offloading to host memory: accepted, not implemented for the mesh KV cache", (
-        "kv_offloading_size", "kv_offloading_backend", "offload_backend", "cpu_offload_gb", "cpu_offload_params",
+    Entry(G, "weight offloading to host memory: accepted, not implemented for the mesh's weights", (
+        "offload_backend", "cpu_offload_gb", "cpu_offload_params",
         "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params")),
     Entry(G, "parallelism variants beyond -dp: not checked by the TT platform", (
         "decode_context_parallel_size", "dcp_q_replicate", "dcp_kv_cache_interleave_size",

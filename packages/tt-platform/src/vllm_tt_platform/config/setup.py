@@ -23,6 +23,7 @@ from vllm_tt_platform.config.startup_checks import (
     check_capabilities,
     check_encoder_decoder,
     check_environment,
+    check_kv_transfer,
     check_runner,
     check_speculation,
     check_vllm_features,
@@ -156,6 +157,7 @@ def configure(vllm_config: VllmConfig) -> None:
     )
     check_runner(vllm_config, caps, setup.model.arch)
     check_encoder_decoder(vllm_config, caps, setup.model.arch)
+    check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "

@@ -15,6 +15,7 @@ from vllm_tt_models_registry.contract import ModelCapabilities
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
+from vllm_tt_platform.kv_offload.selection import SPEC_KEYS, resolved_kv_transfer, select_spec
 
 if TYPE_CHECKING:
     from vllm.config import SpeculativeConfig, VllmConfig
@@ -74,12 +75,6 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
         raise TTUnsupportedFeatureError(
             "--enable-lora", True, "off", "remove --enable-lora; LoRA adapters are not supported on TT",
         )
-    if vllm_config.kv_transfer_config is not None:
-        raise TTUnsupportedFeatureError(
-            "--kv-transfer-config", "set", "unset",
-            "remove --kv-transfer-config; vLLM's KV connectors copy blocks in vLLM's own tensor layout, "
-            "while the TT KV cache lives on the mesh in the model's (one server prefills and decodes)",
-        )
     model = vllm_config.model_config
     if model is None:
         return
@@ -134,6 +129,49 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
             "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
             f"remove --convert; {arch} is served as the pooling model it is",
         )
+
+
+def check_kv_transfer(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str, lanes: int) -> None:
+    """A KV connector is served only when it is vLLM's ``OffloadingConnector`` with the TT
+    transfer handler, for a model that copies KV blocks to the host, on one lane; then the
+    handler is selected (``select_spec``). Every other connector copies blocks in vLLM's own
+    tensor layout (or through its own transfer engine), while the TT KV cache lives on the mesh
+    in the model's: refused here, by name, before any device work."""
+    kv = resolved_kv_transfer(vllm_config)
+    if kv is None:
+        return
+    connector = kv.kv_connector
+    if connector not in SERVED_CONNECTORS:
+        raise TTUnsupportedFeatureError(
+            "KV connector (--kv-transfer-config kv_connector / --kv-offloading-backend)", connector,
+            f"{', '.join(SERVED_CONNECTORS)} (--kv-offloading-size <GiB> with the native backend)",
+            "serve KV offloading with --kv-offloading-size <GiB> (--kv-offloading-backend native, "
+            "VLLM_USE_SIMPLE_KV_OFFLOAD unset); other connectors (P/D, LMCache, NIXL, shared storage) "
+            "read vLLM's GPU tensors, which the TT KV cache is not (docs/kv-offload.md)",
+        )
+    spec = kv.kv_connector_extra_config.get("spec_name", SPEC_KEYS["spec_name"])
+    if spec != SPEC_KEYS["spec_name"]:
+        raise TTUnsupportedFeatureError(
+            "--kv-transfer-config kv_connector_extra_config.spec_name", spec, SPEC_KEYS["spec_name"],
+            "remove spec_name and spec_module_path: the TT platform selects its own transfer handler",
+        )
+    if not caps.supports_kv_transfer:
+        raise TTUnsupportedFeatureError(
+            "--kv-offloading-size", "set", f"unset for {arch}, whose model_capabilities do not declare "
+            "supports_kv_transfer", "remove --kv-offloading-size, or serve a model whose contract implements "
+            "read_kv_blocks and write_kv_blocks",
+        )
+    if lanes > 1:
+        raise TTUnsupportedFeatureError(
+            "--kv-offloading-size with lanes (--data-parallel-size)", lanes, "1 lane",
+            "remove --data-parallel-size or --kv-offloading-size: the lane scheduler keeps one KV "
+            "pool per lane, vLLM's offloading connector one per engine",
+        )
+    select_spec(kv.kv_connector_extra_config)
+
+
+SERVED_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
+"""vLLM KV connectors the TT runner serves (``check_kv_transfer``)."""
 
 
 SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp")

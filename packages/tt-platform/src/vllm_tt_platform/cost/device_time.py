@@ -7,7 +7,8 @@ backend replays it so host overhead and overlap can be measured without hardware
 * a fixed duration (``"25ms"``): every decode step and every prefill call takes that long;
 * a cost model (``"served"``, ``"llama-3.1-8b@N150"``, ...): decode streams the weights and the
   KV it reads from DRAM once per step, prefill is bound by matmul throughput, multi-chip meshes
-  pay a collective latency per layer, and a readback pays link latency plus bytes / bandwidth.
+  pay a collective latency per layer, and a readback (or a KV block copy to or from host
+  memory) pays link latency plus bytes / bandwidth.
 
 A mesh split into data-parallel lanes is costed per sub-mesh: each lane runs its own rows on its
 own sub-mesh, side by side, so a program over all lanes takes as long as its busiest lane.
@@ -184,6 +185,14 @@ class ProgramCosts:
         if self.mesh is None:
             return 0.0
         return self.mesh.link_latency_s + num_bytes / self.mesh.link_bytes_per_s
+
+    def kv_transfer_s(self, tokens: float) -> float:
+        """Copying the KV of ``tokens`` positions (over all layers; a share of the layers is a
+        fraction of a token) between the mesh and host memory, either way: the host link's
+        latency plus the bytes, in the device's KV format, over its bandwidth."""
+        if self.dims is None or self.mesh is None:
+            return 0.0
+        return self.readback_s(round(tokens * self.dims.kv_bytes_per_token))
 
     def _model(self) -> tuple[ModelDims, MeshCost]:
         if self.dims is None or self.mesh is None:

@@ -14,6 +14,7 @@ from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     AsyncModelRunnerOutput,
     DraftTokenIds,
+    KVConnectorOutput,
     ModelRunnerOutput,
 )
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
@@ -32,6 +33,7 @@ from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts, PagedDrafter
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.mtp import MtpDrafts
+from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
@@ -48,6 +50,8 @@ class _PendingStep:
 
     plan: StepPlan
     result: StepResult
+    kv_transfers: KVConnectorOutput | None = None
+    """What vLLM's KV connector reported for the step (``--kv-offloading-size``)."""
 
 
 def _not_run(call: str, what: str) -> RuntimeError:
@@ -87,8 +91,11 @@ class TTModelRunner:
         """``method: draft_model`` (the drafter checkpoint on the mesh) or ``mtp`` (the model's
         MTP module): a drafter with KV pages of its own, one per target block."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
+        self.connector: StepConnector = NO_CONNECTOR
+        """vLLM's KV connector (KV offloading), set by ``initialize_kv_cache``."""
         self.overlap = overlap_for(
-            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+            # A KV connector reports every step's transfers in that step's output.
+            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling) and vllm_config.kv_transfer_config is None,
             supports_async_decode=setup.capabilities.supports_async_decode, decode_trace=self.decode_trace,
             sampling=self.sampling.steady,
             mesh_device=mesh_device, watch=self.device_watch,
@@ -202,6 +209,9 @@ class TTModelRunner:
         self._kv_cache = self.kv.allocate(self.model, self.model_cls, kv_cache_config)
         if self._paged_drafter is not None:
             self._paged_drafter.allocate(self.num_blocks, self.table_width, self.kv.heads_per_device)
+        self.connector = step_connector(self.vllm_config)
+        if self.kv.planned is not None:
+            self.connector.register(self.model, self._kv_cache, self.kv.planned, kv_cache_config)
 
     def update_max_model_len(self, max_model_len: int) -> None:
         """vLLM shortened ``max_model_len`` to fit the KV cache: narrow the block tables."""
@@ -252,8 +262,14 @@ class TTModelRunner:
         self.sampling.track(out, added, resumed, released)
         if self._spec is not None and released:
             self._spec.released(released)
+        self.connector.before_step(out)
         if out.total_num_scheduled_tokens == 0:
-            return EMPTY_MODEL_RUNNER_OUTPUT
+            return self.connector.idle_output(out)
+        with self.connector.step(out) as kv_transfers:
+            self._pending = self._run_step(out, kv_transfers)
+        return None
+
+    def _run_step(self, out: SchedulerOutput, kv_transfers: KVConnectorOutput | None) -> _PendingStep:
         plan = StepPlan.build(out, self.batch)
         drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
         decision = self.sampling.decide(plan, verify=bool(drafts))
@@ -267,8 +283,7 @@ class TTModelRunner:
             result = self._verify(calls, plan, sampling, drafts)
         else:
             result = self._decode(calls, plan, sampling)
-        self._pending = _PendingStep(plan, result)
-        return None
+        return _PendingStep(plan, result, kv_transfers)
 
     def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
         """Lane of each new request, read from its first block id (lane-numbered blocks)."""
@@ -346,6 +361,8 @@ class TTModelRunner:
                 assert_never(result)
         if self._spec is not None:
             self._spec.produced(producing)
+        if pending.kv_transfers is not None:
+            output.kv_connector_output = pending.kv_transfers
         return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

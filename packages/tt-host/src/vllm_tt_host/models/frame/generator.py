@@ -39,6 +39,7 @@ from vllm_tt_host.models.frame.inputs import (
     plan_prefill,
     prompt_history,
 )
+from vllm_tt_host.models.frame.kv_transfer import KVBlockCopies
 from vllm_tt_host.models.frame.lanes import LaneLayout
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.prompt_logits import all_position_logits
@@ -61,7 +62,7 @@ OPTIMIZATIONS: tuple[str | None, ...] = (None, "performance", "accuracy")
 """tt-metal precision presets; the host runs float32 for all of them."""
 
 
-class HostCausalLM(DecodeReader, VllmInspectionSurface):
+class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
     """A decoder-only LM on the host mesh backend; a family's subclass names the family and,
     where its config or layers differ, its ``config_type`` and ``decoder_type``."""
 
@@ -75,6 +76,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         "supports_sample_on_device": True,
         "supports_async_decode": True,
         "supports_prefix_caching": True,
+        "supports_kv_transfer": True,
         "single_program_lanes": True,
         "max_device_top_k": 32,
         "supports_device_penalties": True,
