@@ -37,10 +37,10 @@ def hf_last_token_embeddings(folder: Path, texts: Sequence[str]) -> Any:
 
 
 def pair_ids(tokenizer: Any, query: str, document: str) -> list[int]:
-    """The tokens vLLM's score path sends a causal-LM reranker for a pair: the query as the
-    tokenizer encodes it, then the document's tokens with no special tokens and no separator
-    (``use_sep_token`` off for an LLM-as-reranker)."""
-    return tokenizer(query)["input_ids"] + tokenizer(document, add_special_tokens=False)["input_ids"]
+    """The tokens vLLM's score path sends a causal-LM reranker for a pair: the query's and the
+    document's text joined with no separator (``use_sep_token`` off for an LLM-as-reranker),
+    then tokenized as one text."""
+    return tokenizer(query + document)["input_ids"]
 
 
 def hf_reranker_scores(folder: Path, query: str, documents: Sequence[str],
