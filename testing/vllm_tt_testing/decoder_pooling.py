@@ -52,7 +52,7 @@ def hf_reranker_scores(folder: Path, query: str, documents: Sequence[str],
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    false_id, true_id = tokenizer.convert_tokens_to_ids(list(tokens))
+    false_id, true_id = (tokenizer.convert_tokens_to_ids(t) for t in tokens)
     scores = []
     with torch.inference_mode():
         for document in documents:

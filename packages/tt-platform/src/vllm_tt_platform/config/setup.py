@@ -238,6 +238,6 @@ def _image_tokens_per_pass(vllm_config: VllmConfig, caps: ModelCapabilities) -> 
     limits = [sched.max_num_batched_tokens]
     if sched.long_prefill_token_threshold > 0:
         limits.append(sched.long_prefill_token_threshold)
-    if caps.prefill_trace_lens and not pooling:  # pooling prompts run whole, at pool shapes
+    if caps.prefill_trace_lens:
         limits.append(max(caps.prefill_trace_lens))
     return min(limits)
