@@ -13,18 +13,17 @@ import concurrent.futures
 import httpx
 import numpy as np
 import pytest
-import torch
 from vllm_tt_testing.checkpoints import cached_tiny
 from vllm_tt_testing.decoder_pooling import hf_last_token_embeddings
 from vllm_tt_testing.tiny_bert import inputs_of_lengths
 
 from tests.e2e.helpers import serve
+from tests.e2e.pooling_checks import assert_close
 
 pytestmark = pytest.mark.e2e
 
 SHAPES = "1x32,4x32,8x32,1x64,4x64,1x96,4x96"
 """Longest shape 96 tokens, under --max-model-len 256: the TT limit, not vLLM's, refuses longer."""
-COSINE = 0.99999
 MODEL = "tiny-qwen3-embedding"
 
 
@@ -59,12 +58,6 @@ def client(server):
     return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused")
 
 
-def _assert_close(got, want) -> None:
-    got = torch.tensor(np.asarray(got, dtype=np.float32))
-    cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-    assert cosine.min().item() >= COSINE, cosine.tolist()
-
-
 def test_inputs_differ(reference):
     """The oracle's vectors are far apart, so the cosine bound tells inputs apart."""
     assert (reference @ reference.T).fill_diagonal_(0).max().item() < 0.99
@@ -77,21 +70,21 @@ def test_startup_summary_lists_last_pooling(server):
 
 def test_each_input_alone_equals_transformers(client, texts, reference):
     got = [client.embeddings.create(model=MODEL, input=t, encoding_format="float").data[0].embedding for t in texts]
-    _assert_close(got, reference)
+    assert_close(got, reference)
 
 
 def test_all_inputs_in_one_request_base64_on_the_wire(server, texts, reference):
     body = httpx.post(f"{server[0]}/v1/embeddings", json={"model": MODEL, "input": texts, "encoding_format": "base64"},
                       timeout=120).json()
     rows = sorted(body["data"], key=lambda d: d["index"])
-    _assert_close([np.frombuffer(base64.b64decode(r["embedding"]), dtype=np.float32) for r in rows], reference)
+    assert_close([np.frombuffer(base64.b64decode(r["embedding"]), dtype=np.float32) for r in rows], reference)
 
 
 def test_32_concurrent_clients(client, texts, reference):
     order = [i % len(texts) for i in range(32)]
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         got = list(pool.map(lambda i: client.embeddings.create(model=MODEL, input=texts[i]).data[0].embedding, order))
-    _assert_close(got, reference[order])
+    assert_close(got, reference[order])
 
 
 def test_over_long_input_is_a_400_naming_the_limit(server, texts, reference):
@@ -101,7 +94,7 @@ def test_over_long_input_is_a_400_naming_the_limit(server, texts, reference):
     message = response.json()["error"]["message"]
     assert "longest pooling shape" in message and "(96 tokens)" in message, message
     after = httpx.post(f"{server[0]}/v1/embeddings", json={"model": MODEL, "input": texts[5]}, timeout=60)
-    _assert_close([after.json()["data"][0]["embedding"]], reference[5:6])
+    assert_close([after.json()["data"][0]["embedding"]], reference[5:6])
 
 
 def test_generation_request_is_refused_and_serving_goes_on(server, texts, reference):
@@ -109,4 +102,4 @@ def test_generation_request_is_refused_and_serving_goes_on(server, texts, refere
                           timeout=60)
     assert 400 <= response.status_code < 500, response.text
     after = httpx.post(f"{server[0]}/v1/embeddings", json={"model": MODEL, "input": texts[2]}, timeout=60)
-    _assert_close([after.json()["data"][0]["embedding"]], reference[2:3])
+    assert_close([after.json()["data"][0]["embedding"]], reference[2:3])
