@@ -53,6 +53,8 @@ FEATURES: dict[str, Feature] = {
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
     "pooling_model": Feature("Pooling model (embeddings)", "pooling.md"),
     "pooled_outputs": Feature("Pooling head (classifier, reranker)", "pooling.md#rerankers-score-and-rerank"),
+    "supports_pooling": Feature("Embeddings from a decoder (--runner pooling)",
+                                "pooling.md#decoder-embedding-and-reranking-models"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
 }
 
@@ -87,6 +89,8 @@ class Proof:
 _E2E = "tests/e2e"
 _HOST_TESTS = "packages/tt-host/tests"
 PROOFS: tuple[Proof, ...] = (
+    Proof("supports_pooling", f"{_E2E}/test_decoder_embedding_serve.py::test_each_input_alone_equals_transformers",
+          ("qwen3",), "vllm serve --runner pooling --convert embed: last-token vectors equal transformers'"),
     Proof("supports_sample_on_device",
           f"{_E2E}/test_sampling_serve.py::test_greedy_on_device_equals_host_sampled_greedy_and_transformers",
           ("llama",), "greedy tokens sampled on the device equal host-sampled greedy and transformers"),

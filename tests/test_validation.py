@@ -63,7 +63,8 @@ CASES = [
     ("kv-offload-lanes", {"kv_offloading_size": 1.0, "data_parallel_size": 2, "additional_config": _host()},
      {"MESH_DEVICE": "N300"},
      TTUnsupportedFeatureError, "--kv-offloading-size with lanes"),
-    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
+    # a decoder pools as an embedding model; a classifier is its own architecture (--hf-overrides)
+    ("pooling-convert", {"runner": "pooling", "convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",
@@ -72,7 +73,6 @@ CASES = [
         TTUnsupportedFeatureError,
         "--speculative-config method",
     ),
-    ("pooling", {"runner": "pooling"}, {}, TTUnsupportedFeatureError, "--runner"),
     (
         "prompt-embeds",
         {"enable_prompt_embeds": True},
@@ -198,6 +198,36 @@ def test_device_sampling_needs_the_model_capability(llama, no_device_sampling_bu
         args.create_engine_config()
     assert "--additional-config.tt.sample_on_device_mode" in str(info.value)
     assert "supports_sample_on_device" in str(info.value)
+
+
+@pytest.mark.parametrize(("runner", "convert", "caps", "setting"), [
+    ("pooling", "embed", {}, "--runner"),  # a generation model without supports_pooling
+    ("generate", "none", {"pooling_model": True}, "--runner"),  # an encoder only pools
+    ("pooling", "classify", {"supports_pooling": True}, "--convert"),  # a decoder has no classifier head
+    ("pooling", "embed", {"pooling_model": True, "pooled_outputs": True}, "--convert"),  # a reranker's scores
+])
+def test_runner_and_convert_need_the_model_capability(runner, convert, caps, setting):
+    from types import SimpleNamespace
+
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_runner
+
+    config = SimpleNamespace(model_config=SimpleNamespace(runner_type=runner, convert_type=convert))
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        check_runner(config, ModelCapabilities(**caps), "TTSomeModel")  # type: ignore[arg-type]
+    assert setting in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_decoder_pools_prefill_only(llama):
+    """``--runner pooling`` on a decoder: whole prompts in one step, no decode to overlap."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(llama), max_model_len=256, runner="pooling", convert="embed",
+                        additional_config=HOST).create_engine_config()
+    assert config.model_config.hf_config.architectures == ["TTLlamaForCausalLM"]
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTScheduler"
 
 
 def test_good_configuration_is_rewritten_for_tt(llama):

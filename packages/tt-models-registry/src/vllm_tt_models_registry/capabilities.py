@@ -73,6 +73,11 @@ class ModelCapabilities:
     """``read_kv_blocks`` / ``write_kv_blocks`` copy KV blocks of any kind the model holds
     between the mesh and host memory, asynchronously: what vLLM's KV offloading
     (``--kv-offloading-size``) is served through."""
+    supports_pooling: bool = False
+    """A generation model that also runs prefill-only ``pool_forward`` (whole prompts, no KV
+    cache kept, returning the final-norm hidden states ``[B, L, H]``), so ``--runner pooling``
+    (vLLM's ``--convert embed``) serves it as an embedding model, e.g. Qwen3-Embedding with
+    vLLM's LAST pooling."""
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)
     """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
     needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""

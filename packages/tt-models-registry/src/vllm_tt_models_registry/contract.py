@@ -387,6 +387,8 @@ def check_model_class(
     except ContractError as exc:
         raise ContractError(owner, f"class {name}.{exc.problem}", exc.fix) from exc
     required, kind = (POOLING_REQUIRED_METHODS, "pooling") if capabilities.pooling_model else (REQUIRED_METHODS, "")
+    if capabilities.supports_pooling:
+        required, kind = (*required, "pool_forward"), "supports_pooling"
     for member in required:
         if member == "allocate_kv_cache" and callable(
             getattr(model_cls, "allocate_kv_cache_per_layer", None)

@@ -25,6 +25,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_tt_platform.config import data_parallel
 from vllm_tt_platform.config.setup import resolve_setup
+from vllm_tt_platform.config.startup_checks import serves_pooling
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh import peer_watch
 from vllm_tt_platform.mesh.backend import make_backend
@@ -50,7 +51,7 @@ class TTWorker(WorkerBase):
         )
         ensure_model_parallel_initialized(1, 1)
         self.mesh_device = self.backend.open(self.setup.topology.mesh)
-        runner_cls = TTPoolingRunner if self.setup.capabilities.pooling_model else TTModelRunner
+        runner_cls = TTPoolingRunner if serves_pooling(self.vllm_config) else TTModelRunner
         self._runner = runner_cls(self.vllm_config, self.setup, self.mesh_device)
         watch = data_parallel.peer_watch(self.vllm_config)
         if watch is not None:

@@ -83,6 +83,8 @@ SURFACE: tuple[Entry, ...] = (
     Entry(W, "tests/e2e/test_async_overlap.py::test_overlap_stress_matches_overlap_off", ("async_scheduling",)),
     Entry(W, "tests/e2e/test_pooling_serve.py::test_each_input_alone_equals_transformers", ("runner",)),
     Entry(W, "tests/e2e/test_pooling_offline.py::test_mean_is_not_cls", ("pooler_config",)),
+    Entry(W, "tests/e2e/test_decoder_embedding_serve.py::test_each_input_alone_equals_transformers", ("convert",)),
+    Entry(W, "tests/e2e/test_decoder_rerank_serve.py::test_score_equals_transformers", ("hf_overrides",)),
     Entry(W, "packages/tt-platform/tests/test_metrics.py::test_only_the_serve_front_end_turns_metrics_on",
           ("disable_log_stats",)),
     Entry(W, ("tests/e2e/test_sampling_serve.py::"
@@ -95,7 +97,6 @@ SURFACE: tuple[Entry, ...] = (
     Entry(R, _FEATURES, ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
                          "data_parallel_backend", "enable_sleep_mode",
                          "enable_prompt_embeds", "enable_lora")),
-    Entry(R, "vllm_tt_platform.config.startup_checks:check_runner", ("convert",)),
     # every connector but vLLM's OffloadingConnector, which --kv-offloading-size selects
     Entry(R, "vllm_tt_platform.config.startup_checks:check_kv_transfer", ("kv_transfer_config",)),
     Entry(R, _FEATURES, prefix="lora_"),
@@ -167,7 +168,7 @@ SURFACE: tuple[Entry, ...] = (
     Entry(G, "accepted, no TT test shows its effect", (
         "seed", "tokenizer_mode", "dtype", "quantization", "quantization_config", "allow_deprecated_quantization",
         "max_logprobs", "logprobs_mode", "generation_config", "override_generation_config", "skip_tokenizer_init",
-        "hf_overrides", "model_class_overrides", "model_impl", "logits_processors",
+        "model_class_overrides", "model_impl", "logits_processors",
         "io_processor_plugin", "load_format", "model_loader_extra_config", "pt_load_map_location",
         "disable_sliding_window", "enable_return_routed_experts", "return_sampling_mask", "enable_trace_replay",
         "max_num_scheduled_tokens", "max_num_active_seqs", "max_num_queued_reqs", "max_num_queued_tokens",

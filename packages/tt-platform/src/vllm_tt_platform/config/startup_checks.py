@@ -107,27 +107,34 @@ def check_encoder_decoder(vllm_config: VllmConfig, caps: ModelCapabilities, arch
 
 
 def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
-    """``--runner pooling`` needs a TT pooling model (``pooling_model``), and a pooling model
-    serves nothing else; vLLM's ``--convert`` adapters wrap torch modules, which TT models are not."""
+    """``--runner pooling`` needs a TT pooling model (``pooling_model``) or a generation model
+    that runs pooling programs (``supports_pooling``: vLLM's ``--convert embed``); a pooling
+    model serves nothing else. vLLM's ``--convert`` adapters wrap torch modules, which TT models
+    are not: the TT class itself is the embedding model or the classifier."""
     model = vllm_config.model_config
     runner = model.runner_type
     convert = getattr(model, "convert_type", "none")
-    if runner == "pooling" and not caps.pooling_model:
+    if runner == "pooling" and not (caps.pooling_model or caps.supports_pooling):
         raise TTUnsupportedFeatureError(
-            "--runner", runner, f"generate for {arch}, whose model_capabilities do not declare pooling_model",
-            "remove --runner pooling (and --convert): vLLM's --convert adapters wrap torch modules, which "
-            "TT models are not; serve a checkpoint with a TT pooling model instead (e.g. a BertModel "
-            "embedding checkpoint; docs/pooling.md)",
+            "--runner", runner, f"generate for {arch}, whose model_capabilities declare neither "
+            "pooling_model nor supports_pooling",
+            "remove --runner pooling (and --convert), or serve a checkpoint with a TT pooling model "
+            "(a BertModel embedding checkpoint, a Qwen3 decoder; docs/pooling.md)",
         )
     if runner != "pooling" and caps.pooling_model:
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"pooling for {arch}, a pooling model (embeddings)",
             "serve it with --runner pooling (vllm serve <model> --runner pooling; vllm.LLM(..., runner='pooling'))",
         )
-    if convert not in ("none", "auto"):
+    served = {"none", "auto"} | ({"embed"} if caps.supports_pooling else set()) | (
+        {"classify"} if caps.pooled_outputs else set())
+    if convert not in served:
         raise TTUnsupportedFeatureError(
-            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
-            f"remove --convert; {arch} is served as the pooling model it is",
+            "--convert", convert, ", ".join(sorted(served)) + f" for {arch}",
+            "remove --convert (--runner pooling serves a decoder as an embedding model); a reranker "
+            "from a causal LM is its own architecture: --hf-overrides '{\"architectures\": "
+            "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+            "\"is_original_qwen3_reranker\": true}' (docs/pooling.md)",
         )
 
 
@@ -172,6 +179,11 @@ def check_kv_transfer(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
 
 SERVED_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
 """vLLM KV connectors the TT runner serves (``check_kv_transfer``)."""
+
+
+def serves_pooling(vllm_config: VllmConfig) -> bool:
+    """Whether this engine pools (``--runner pooling``) rather than generates."""
+    return vllm_config.model_config.runner_type == "pooling"
 
 
 SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp")

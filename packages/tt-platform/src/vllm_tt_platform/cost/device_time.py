@@ -175,9 +175,21 @@ class ProgramCosts:
         """One prefill row of ``tokens`` new positions after ``start`` cached ones."""
         if self.fixed_s is not None:
             return self.fixed_s
+        return self._compute_s(tokens, tokens * (start + tokens / 2))
+
+    def pool_s(self, batch: int, length: int) -> float:
+        """One pooling program at shape ``batch x length``: every row runs, padding included
+        (a fixed-shape program), each attending within its own row."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        return self._compute_s(batch * length, batch * length * length / 2)
+
+    def _compute_s(self, tokens: int, attended: float) -> float:
+        """A matmul-bound program over ``tokens`` positions whose queries attend to
+        ``attended`` (query, key) pairs in all."""
         dims, mesh = self._model()
         matmul = 2 * dims.streamed_params * tokens
-        attention = 4 * dims.num_layers * dims.num_heads * dims.head_dim * tokens * (start + tokens / 2)
+        attention = 4 * dims.num_layers * dims.num_heads * dims.head_dim * attended
         throughput = mesh.chip.matmul_flops * mesh.devices * mesh.matmul_efficiency
         return mesh.program_overhead_s + (matmul + attention) / throughput + self._collectives_s(dims, mesh)
 
