@@ -32,8 +32,8 @@ from vllm_tt_platform.runner.draft_model import DraftModel
 from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts, PagedDrafter
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
-from vllm_tt_platform.runner.mtp import MtpDrafts
 from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
+from vllm_tt_platform.runner.mtp import MtpDrafts
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
