@@ -245,7 +245,7 @@ def test_good_configuration_is_rewritten_for_tt(llama):
 def test_kv_offloading_selects_the_tt_transfer_handler(llama):
     """``--kv-offloading-size`` keeps vLLM's OffloadingConnector and points it at the TT spec."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm_tt_platform.kv_offload.selection import SPEC_KEYS
+    from vllm_tt_platform.config.kv_transfer import SPEC_KEYS
 
     config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
                         kv_offloading_size=0.5).create_engine_config()

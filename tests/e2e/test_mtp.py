@@ -12,6 +12,8 @@ weights, K beyond the captured verify shape.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.helpers import assert_greedy_equal, hf_greedy, offline_llm, repetitive_prompts
@@ -30,6 +32,7 @@ def engine():
     from vllm_tt_testing.checkpoints import cached_mtp
 
     model_dir = cached_mtp()
+    assert json.loads((model_dir / "config.json").read_text())["model_type"] == "deepseek_v3"  # the family proven
     llm = offline_llm(
         model=str(model_dir), max_num_seqs=4, max_model_len=256, seed=0, block_size=32,
         speculative_config={"method": "mtp", "num_speculative_tokens": K},

@@ -138,6 +138,18 @@ class TTModelExtras(Protocol):
         the same ``tensor_idx`` share storage."""
         ...
 
+    def allocate_mtp_kv_cache(self, kv_cache_shape: tuple[int, ...], dtype: Any) -> Any:
+        """The multi-token-prediction module's paged KV (one target layer's page shape, one
+        page per target block); from then on the target's steps keep their final hidden states
+        on the device for ``mtp_forward``. Required when ``supports_mtp`` is declared."""
+        ...
+
+    def mtp_forward(self, tokens: Any, start_pos: Any, num_valid_tokens: Any, page_table: Any, kv_cache: Any,
+                    num_drafts: int, **kwargs: Any) -> Any:
+        """``num_drafts`` draft ids per row ``[B, num_drafts]`` from the MTP module, reading the
+        hidden states the last target step kept. Required when ``supports_mtp`` is declared."""
+        ...
+
     def read_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any) -> Any:
         """Start copying blocks ``block_ids`` (int, the lane's own ids) of decoder ``layers``
         from lane ``lane``'s KV cache to host memory; returns at once with a handle (see

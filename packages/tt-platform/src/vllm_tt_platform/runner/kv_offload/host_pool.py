@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vllm_tt_platform.kv_offload.device_pages import DevicePages, LayerPages
+from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages, LayerPages
 
 
 class HostPool:

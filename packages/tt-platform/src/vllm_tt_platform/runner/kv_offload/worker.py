@@ -20,8 +20,8 @@ from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_offload.base import GPULoadStoreSpec, LoadStoreSpec, OffloadingWorker, TransferResult
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from vllm_tt_platform.kv_offload.device_pages import DevicePages
-from vllm_tt_platform.kv_offload.host_pool import HostPool
+from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages
+from vllm_tt_platform.runner.kv_offload.host_pool import HostPool
 
 logger = init_logger("vllm." + __name__)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
 
-SPEC_KEYS = {"spec_name": "TTOffloadingSpec", "spec_module_path": "vllm_tt_platform.kv_offload.spec"}
+SPEC_KEYS = {"spec_name": "TTOffloadingSpec", "spec_module_path": "vllm_tt_platform.runner.kv_offload.spec"}
 """What ``kv_connector_extra_config`` says to select this spec."""
 
 

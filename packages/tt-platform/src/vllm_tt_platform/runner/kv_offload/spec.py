@@ -12,7 +12,7 @@ from __future__ import annotations
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from vllm_tt_platform.kv_offload.worker import TTOffloadingWorker
+from vllm_tt_platform.runner.kv_offload.worker import TTOffloadingWorker
 
 
 class TTOffloadingSpec(CPUOffloadingSpec):
