@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout, LayerKV
 from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages
 from vllm_tt_platform.runner.kv_offload.worker import TTOffloadingWorker
-from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout, LayerKV
 
 BLOCKS = 10
 SHAPE = (BLOCKS, 2, 16, 4)

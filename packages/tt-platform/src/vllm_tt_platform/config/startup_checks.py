@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
+from vllm_tt_platform.config.kv_transfer import SPEC_KEYS, resolved_kv_transfer, select_spec
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
-from vllm_tt_platform.config.kv_transfer import SPEC_KEYS, resolved_kv_transfer, select_spec
 
 if TYPE_CHECKING:
     from vllm.config import SpeculativeConfig, VllmConfig

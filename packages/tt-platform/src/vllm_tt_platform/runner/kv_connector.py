@@ -24,9 +24,9 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, UniformTypeKVCacheSpecs
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
+from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages
 from vllm_tt_platform.runner.kv_offload.worker import TTOffloadingWorker
-from vllm_tt_platform.runner.kv_layout import KVLayout
 
 logger = init_logger("vllm." + __name__)
 
