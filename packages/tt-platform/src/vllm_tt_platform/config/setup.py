@@ -137,9 +137,9 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
-    restrict_modalities(vllm_config)
     metrics_switch.enable_tt_metrics()
     setup = resolve_setup(vllm_config)
+    restrict_modalities(vllm_config, setup.model.arch, setup.capabilities.modalities)
     register_with_vllm(setup)
     data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
     setup = replace(setup, topology=_topology(vllm_config))
