@@ -25,11 +25,16 @@ Grid = tuple[int, int, int]
 
 
 class MediaConfig(Protocol):
-    """What the positions read from a Qwen-VL config."""
+    """What the positions read from a Qwen-VL config (read-only: the configs are frozen)."""
 
-    image_token_id: int
-    video_token_id: int
-    tokens_per_second: float
+    @property
+    def image_token_id(self) -> int: ...
+
+    @property
+    def video_token_id(self) -> int: ...
+
+    @property
+    def tokens_per_second(self) -> float: ...
 
     @property
     def merge_size(self) -> int: ...
