@@ -18,6 +18,9 @@ MODALITIES = ("image", "video")
 """The multimodal inputs the contract carries to ``prefill_forward`` (``contract.IMAGE_KWARGS``,
 ``contract.VIDEO_KWARGS``)."""
 
+_CHOICE_LISTS = {"kv_cache_kinds": KV_CACHE_KINDS, "modalities": MODALITIES}
+"""Capabilities that are a non-empty list drawn from a fixed vocabulary (kept in its order)."""
+
 
 @dataclass(frozen=True)
 class ModelCapabilities:
@@ -113,24 +116,15 @@ class ModelCapabilities:
                         _FIX,
                     )
                 value = tuple(sorted(value))
-            elif f.name == "kv_cache_kinds":
-                if not isinstance(value, (list, tuple)) or not value or not all(v in KV_CACHE_KINDS for v in value):
+            elif (choices := _CHOICE_LISTS.get(f.name)) is not None:
+                if not isinstance(value, (list, tuple)) or not value or not all(v in choices for v in value):
                     raise ContractError(
                         owner,
-                        f"model_capabilities['kv_cache_kinds'] must be a non-empty list of "
-                        f"{', '.join(KV_CACHE_KINDS)}, got {value!r}",
+                        f"model_capabilities['{f.name}'] must be a non-empty list of "
+                        f"{', '.join(choices)}, got {value!r}",
                         _FIX,
                     )
-                value = tuple(v for v in KV_CACHE_KINDS if v in value)
-            elif f.name == "modalities":
-                if not isinstance(value, (list, tuple)) or not value or not all(v in MODALITIES for v in value):
-                    raise ContractError(
-                        owner,
-                        f"model_capabilities['modalities'] must be a non-empty list of "
-                        f"{', '.join(MODALITIES)}, got {value!r}",
-                        _FIX,
-                    )
-                value = tuple(v for v in MODALITIES if v in value)
+                value = tuple(v for v in choices if v in value)
             elif f.type == "bool" and not isinstance(value, bool):
                 raise ContractError(
                     owner,
@@ -172,10 +166,8 @@ class ModelCapabilities:
                 props[f.name] = {"type": "boolean"}
             elif f.type == "int":
                 props[f.name] = {"type": "integer", "minimum": 0}
-            elif f.name == "kv_cache_kinds":
-                props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(KV_CACHE_KINDS)}}
-            elif f.name == "modalities":
-                props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(MODALITIES)}}
+            elif (choices := _CHOICE_LISTS.get(f.name)) is not None:
+                props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(choices)}}
             else:
                 props[f.name] = {"type": "array", "items": {"type": "integer", "minimum": 1}}
         return {"type": "object", "additionalProperties": False, "properties": props}
