@@ -100,6 +100,14 @@ def cached_mtp(train_steps: int = 150) -> Path:
                   target.name, train_steps, inspect.getsource(tiny_mtp))
 
 
+def cached_qwen_vl() -> Path:
+    """The trained tiny Qwen2.5-VL (``tiny_qwen_vl.build_tiny_qwen_vl``), one checkpoint for the
+    image and the video tests."""
+    from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
+
+    return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int, prefix: str = ""
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

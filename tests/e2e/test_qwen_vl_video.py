@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
+from vllm_tt_testing.checkpoints import cached_qwen_vl
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
 
 from tests.e2e import vl_chat
@@ -36,7 +35,7 @@ REQUESTS: list[tuple[str, ...]] = [("video",), (), ("image", "video"), ("video",
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
+    return cached_qwen_vl()
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
+from vllm_tt_testing.checkpoints import cached_qwen_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import offline_llm, serve
@@ -30,7 +29,7 @@ LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 
 @pytest.fixture(scope="session")
 def qwen_vl_checkpoint():
-    return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
+    return cached_qwen_vl()
 
 
 @pytest.fixture(scope="session")
