@@ -156,6 +156,8 @@ def test_overrides_win_over_class_capabilities(generator_cls: type) -> None:
         ({"prefill_trace_lens": [128, 0]}, "positive ints"),
         ({"kv_cache_kinds": ["paged"]}, "kv_cache_kinds.*full_attention, sliding_window, mla, recurrent_state"),
         ({"kv_cache_kinds": []}, "non-empty list"),
+        ({"modalities": ["audio"]}, r"modalities'\] must be a non-empty list of image, video"),
+        ({"modalities": []}, "non-empty list"),
     ],
 )
 def test_bad_class_capabilities_name_the_class(generator_cls: type, raw: Any, match: str) -> None:
@@ -172,6 +174,12 @@ def test_kv_cache_kinds_default_to_full_attention_and_keep_one_order() -> None:
     assert caps.kv_cache_kinds == ("full_attention", "sliding_window")
     schema = ModelCapabilities.json_schema()["properties"]["kv_cache_kinds"]
     assert schema["items"]["enum"] == ["full_attention", "sliding_window", "mla", "recurrent_state", "cross_attention"]
+
+
+def test_modalities_default_to_images_and_keep_one_order() -> None:
+    assert ModelCapabilities().modalities == ("image",)
+    assert ModelCapabilities.from_mapping({"modalities": ["video", "image"]}, owner="t").modalities == ("image", "video")
+    assert ModelCapabilities.json_schema()["properties"]["modalities"]["items"]["enum"] == ["image", "video"]
 
 
 def test_unknown_class_capability_keys_are_ignored() -> None:
