@@ -20,6 +20,7 @@ from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, re
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
+    apply_enforce_eager,
     check_capabilities,
     check_environment,
     check_runner,
@@ -28,6 +29,7 @@ from vllm_tt_platform.config.startup_checks import (
     restrict_modalities,
 )
 from vllm_tt_platform.config.step_cost import hand_step_cost
+from vllm_tt_platform.config.unimplemented import refuse_unimplemented
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.backend import find_backend
 from vllm_tt_platform.mesh.shape import mesh_request
@@ -134,8 +136,12 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
+    refuse_unimplemented(vllm_config)
     restrict_modalities(vllm_config)
     metrics_switch.enable_tt_metrics()
+    eager = apply_enforce_eager(vllm_config, tt_section(vllm_config))
+    if eager:
+        logger.info_once(eager)
     setup = resolve_setup(vllm_config)
     register_with_vllm(setup)
     data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
@@ -205,7 +211,9 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = LANE_SCHEDULER_CLS
     else:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
-    scheduler.enable_chunked_prefill = not caps.pooling_model
+    # A pooling prompt runs whole; a generation model chunks unless the user turned it off
+    # (vLLM's own default is on: off is always the user's choice).
+    scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not caps.pooling_model
 
 
 def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:

@@ -7,8 +7,8 @@ info line instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
@@ -101,6 +101,23 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
     if cache.user_specified_block_size and cache.block_size % 32:
         raise TTConfigError("--block-size", cache.block_size, "a multiple of 32 (the device tile)",
                             "use --block-size 32 or 64")
+
+
+def apply_enforce_eager(vllm_config: VllmConfig, tt: MutableMapping[str, Any]) -> str | None:
+    """``--enforce-eager`` means no captured graphs; on TT that is ``trace_mode none`` (every
+    program runs eagerly). Returns the line to log at startup, None without ``--enforce-eager``.
+    A ``trace_mode`` asking for traces as well is a contradiction, refused by name."""
+    model = vllm_config.model_config
+    if model is None or not model.enforce_eager:
+        return None
+    mode = tt.get("trace_mode", "none")
+    if mode != "none":
+        raise TTConfigError(
+            "--additional-config.tt.trace_mode", mode, "none (or unset) with --enforce-eager",
+            "remove --enforce-eager to capture traces, or remove trace_mode",
+        )
+    tt["trace_mode"] = "none"
+    return "--enforce-eager: trace_mode none (no traces are captured; every program runs eagerly)."
 
 
 def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
