@@ -68,3 +68,12 @@ def given_value(dest: str) -> Any:
 def parsed_command_line() -> bool:
     """Whether this process parsed vLLM's command line (``vllm serve``'s front end)."""
     return _parser_seen
+
+
+def forget() -> None:
+    """Forget the command line recorded so far, for a process that parses many in turn (the flag
+    fuzz, ``vllm_tt_testing.flag_fuzz``); ``vllm serve`` parses one."""
+    global _parser_seen
+    _given.clear()
+    _values.clear()
+    _parser_seen = False
