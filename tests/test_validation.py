@@ -49,7 +49,7 @@ CASES = [
     ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
     ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
      TTUnsupportedFeatureError, "--kv-transfer-config"),
-    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--runner"),
+    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",

@@ -126,6 +126,11 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
     model = vllm_config.model_config
     runner = model.runner_type
     convert = getattr(model, "convert_type", "none")
+    if convert not in ("none", "auto"):  # first: vLLM turns --convert into --runner pooling
+        raise TTUnsupportedFeatureError(
+            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
+            f"remove --convert; {arch} is served as it is (a TT pooling model with --runner pooling)",
+        )
     if runner == "pooling" and not caps.pooling_model:
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"generate for {arch}, whose model_capabilities do not declare pooling_model",
@@ -137,11 +142,6 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"pooling for {arch}, a pooling model (embeddings)",
             "serve it with --runner pooling (vllm serve <model> --runner pooling; vllm.LLM(..., runner='pooling'))",
-        )
-    if convert not in ("none", "auto"):
-        raise TTUnsupportedFeatureError(
-            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
-            f"remove --convert; {arch} is served as the pooling model it is",
         )
 
 
