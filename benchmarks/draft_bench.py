@@ -17,8 +17,13 @@ alpha)`` tokens. ``alpha = 0`` is "every draft misses". For n-gram the same repl
 every row K drafts (n-gram drafts cost no device time). "measured" rows keep the drafters' own
 drafts.
 
-Targets: draft_model >= 1.8x decode tokens/s at alpha 0.7, K=3; >= 0.97x when every draft
-misses (K=1, 2, 3, 5).
+The same sweep runs for ``method: mtp`` on **DeepSeek V3 on TG** (``deepseek-v3@TG``: its
+37B active parameters as the cost model's dense equivalent), the tiny DeepSeek V3 with a
+trained MTP module (``cached_mtp``) doing the math; the MTP module's programs are costed as
+one of the target's layers plus its own head on the same mesh (``ProgramCosts.with_layers``).
+
+Targets: draft_model >= 1.8x decode tokens/s at alpha 0.7, K=3; mtp >= 1.4x at alpha 0.7,
+K=1; both >= 0.97x when every draft misses (K=1, 2, 3, 5).
 
     python benchmarks/draft_bench.py [--quick]
 
@@ -27,16 +32,14 @@ Writes benchmarks/results/draft_bench.json and draft_bench.md.
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from report import write_results
+from report import bench_main, targets_lines
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "testing")]
@@ -48,6 +51,7 @@ from spec_bench import prompts, spec_counters  # noqa: E402  (benchmarks/ is the
 
 RESULTS = Path(__file__).parent / "results"
 DEVICE_TIME = "llama-3.3-70b@TG"
+MTP_DEVICE_TIME = "deepseek-v3@TG"
 DRAFTER_PROFILE = "llama-3.2-1b"
 KS = (1, 2, 3, 5)
 ALPHAS: tuple[float | None, ...] = (None, 0.9, 0.7, 0.5, 0.0)
@@ -87,14 +91,15 @@ class ScriptedAcceptance:
         self.inner.verified(req_id, drafted, accepted)
 
 
-def make_engine(model_dir: Path, method: str | None, k: int, drafter: Path) -> Any:
+def make_engine(model_dir: Path, method: str | None, k: int, drafter: Path | None, device_time: str) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
     spec = {"ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1},
             "draft_model": {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k},
+            "mtp": {"method": "mtp", "num_speculative_tokens": k},
             None: None}[method]
-    tt = {"mesh_backend": "host", "host_device_time": DEVICE_TIME, "sample_on_device_mode": "all"}
+    tt = {"mesh_backend": "host", "host_device_time": device_time, "sample_on_device_mode": "all"}
     return LLMEngine.from_engine_args(EngineArgs(
         model=str(model_dir), max_num_seqs=1, max_model_len=512, seed=0, speculative_config=spec,
         enable_prefix_caching=False, additional_config={"tt": tt},
@@ -109,7 +114,7 @@ def cost_drafter_as_1b(runner: Any) -> str:
     """The drafter's programs take Llama 3.2 1B's modelled time on the target's TG mesh."""
     from vllm_tt_platform.cost.device_time import parse_device_time
 
-    model = runner._draft_model.model
+    model = runner._paged_drafter.model
     costs = parse_device_time(f"{DRAFTER_PROFILE}@TG").resolve(model.costs.dims, model.device.mesh_shape, None)
     model.costs = costs
     return costs.description
@@ -142,24 +147,21 @@ def single_stream(engine: Any, workload: list[list[int]]) -> dict[str, Any]:
             "acceptance": (accepted_now - accepted) / drafts if drafts else None, "outputs": outputs}
 
 
-def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
-    from vllm_tt_testing.checkpoints import cached_drafter, cached_tiny
-
-    model_dir, drafter = cached_tiny("llama"), cached_drafter("llama")
-    workload = prompts("random", count) + prompts("repetitive", count)
-    cases: list[dict[str, Any]] = []
-    engine = make_engine(model_dir, None, 0, drafter)
+def sweep(model_dir: Path, device_time: str, methods: tuple[str, ...], ks: tuple[int, ...],
+          workload: list[list[int]], drafter: Path | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Every case of one preset: off, then each method at each K and alpha."""
+    engine = make_engine(model_dir, None, 0, drafter, device_time)
     try:
         single_stream(engine, workload[:1])  # warm-up
         base = single_stream(engine, workload)
     finally:
         engine.engine_core.shutdown()
     references = {tuple(p): out for p, out in zip(workload, base["outputs"], strict=True)}
-    cases.append({"method": "off", "k": 0, "alpha": None, **base})
+    cases: list[dict[str, Any]] = [{"method": "off", "k": 0, "alpha": None, **base}]
     drafter_costs = ""
-    for method in ("ngram", "draft_model"):
+    for method in methods:
         for k in ks:
-            engine = make_engine(model_dir, method, k, drafter)
+            engine = make_engine(model_dir, method, k, drafter, device_time)
             try:
                 runner = runner_of(engine)
                 if method == "draft_model":
@@ -175,59 +177,63 @@ def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
             finally:
                 engine.engine_core.shutdown()
     for c in cases:
+        c["preset"] = device_time
         c["speedup"] = c["tokens_per_s"] / base["tokens_per_s"]
         c["same_tokens_as_off"] = c.pop("outputs") == base["outputs"]
+    return cases, drafter_costs
+
+
+def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
+    from vllm_tt_testing.checkpoints import cached_drafter, cached_mtp, cached_tiny
+
+    workload = prompts("random", count) + prompts("repetitive", count)
+    cases, drafter_costs = sweep(cached_tiny("llama"), DEVICE_TIME, ("ngram", "draft_model"), ks, workload,
+                                 cached_drafter("llama"))
+    mtp_cases, _ = sweep(cached_mtp(), MTP_DEVICE_TIME, ("mtp",), ks, workload)
+    cases += mtp_cases
     by = {(c["method"], c["k"], c["alpha"]): c["speedup"] for c in cases}
     targets = {}
     if 3 in ks:
         targets["draft_model K=3 at alpha 0.7 >= 1.8x"] = by["draft_model", 3, 0.7] >= 1.8
-    targets["draft_model every draft misses >= 0.97x (each K)"] = all(by["draft_model", k, 0.0] >= 0.97 for k in ks)
+    if 1 in ks:
+        targets["mtp K=1 at alpha 0.7 >= 1.4x"] = by["mtp", 1, 0.7] >= 1.4
+    for method in ("draft_model", "mtp"):
+        targets[f"{method} every draft misses >= 0.97x (each K)"] = all(by[method, k, 0.0] >= 0.97 for k in ks)
     targets["tokens identical to off (greedy)"] = all(c["same_tokens_as_off"] for c in cases)
     return {"cases": cases, "targets": targets, "drafter_costs": drafter_costs}
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# Drafter-model benchmark (single stream, modelled Llama 3.3 70B on TG)",
+        "# Drafter-model and MTP benchmark (single stream, modelled Llama 3.3 70B and DeepSeek V3 on TG)",
         "",
         f"Command: `{result['command']}`  ",
         f"Host: {result['host']}. Engine in-process, host mesh backend; target programs on the modelled "
         f"device clock `{DEVICE_TIME}`, drafter programs as `{DRAFTER_PROFILE}` on the same mesh "
-        f"({result['drafter_costs']}); tiny models' real math. {result['requests']} greedy requests (half "
+        f"({result['drafter_costs']}); `mtp` rows: the tiny DeepSeek V3 with its MTP module on "
+        f"`{MTP_DEVICE_TIME}` (the module costed as one target layer + its head); tiny models' real math. {result['requests']} greedy requests (half "
         f"random prompts, half repetitive), one at a time, {NEW_TOKENS} new tokens each, device sampling on. "
         "alpha: per-position acceptance forced by replacing drafts after the drafter ran (see the script); "
         "'measured': the drafter's own drafts. acceptance = vLLM's accepted / proposed drafts. tokens/s, "
         "ms/token (mean inter-token latency) and speed-up are on the modelled device clock.",
         "",
-        "| method | K | alpha | tokens/s | ms/token | speed-up | acceptance (drafts) | wall tokens/s | same tokens |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| preset | method | K | alpha | tokens/s | ms/token | speed-up | acceptance (drafts) | wall tokens/s "
+        "| same tokens |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for c in result["cases"]:
         alpha = "-" if c["method"] == "off" else ("measured" if c["alpha"] is None else f"{c['alpha']:.1f}")
         accepted = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%} ({c['draft_tokens']})"
-        lines.append(f"| {c['method']} | {c['k'] or '-'} | {alpha} | {c['tokens_per_s']:.1f} | "
+        lines.append(f"| {c['preset']} | {c['method']} | {c['k'] or '-'} | {alpha} | {c['tokens_per_s']:.1f} | "
                      f"{c['ms_per_token']:.2f} | {c['speedup']:.2f}x | {accepted} | {c['wall_tokens_per_s']:.1f} | "
                      f"{'yes' if c['same_tokens_as_off'] else 'NO'} |")
-    targets = ", ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in result["targets"].items())
-    lines += ["", f"Targets: {targets}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + targets_lines(result["targets"])) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one request per workload, K=3 only (smoke run)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    count, ks = (1, (3,)) if args.quick else (2, KS)
-    import torch
-
-    result = {
-        "command": "python benchmarks/draft_bench.py" + (" --quick" if args.quick else ""),
-        "host": f"{platform.machine()} torch {torch.__version__}, {os.cpu_count()} cores",
-        "requests": 2 * count,
-        **run(count, ks),
-    }
-    write_results(result, args.out / "draft_bench.json", args.out / "draft_bench.md", markdown(result))
+    bench_main(__doc__, "draft_bench", "one request per workload, K=1 and 3 only (smoke run)",
+               lambda quick: {"requests": 2 * (1 if quick else 2), **run(*((1, (1, 3)) if quick else (2, KS)))},
+               markdown, RESULTS)
 
 
 if __name__ == "__main__":

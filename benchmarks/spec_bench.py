@@ -28,16 +28,14 @@ Writes benchmarks/results/spec_bench.json and spec_bench.md.
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import random
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from report import write_results
+from report import bench_main, targets_lines
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -181,26 +179,12 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{c['ms_per_token']:.2f} | {c['speedup']:.2f}x | {accepted} | "
                      f"{c['wall_tokens_per_s']:.1f} | "
                      f"{'yes' if c['same_tokens_as_off'] else 'NO'} |")
-    targets = ", ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in result["targets"].items())
-    lines += ["", f"Targets: {targets}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + targets_lines(result["targets"])) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two requests per workload (smoke run)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    count = 2 if args.quick else 6
-    import torch
-
-    result = {
-        "command": "python benchmarks/spec_bench.py" + (" --quick" if args.quick else ""),
-        "host": f"{platform.machine()} torch {torch.__version__}, {os.cpu_count()} cores",
-        "requests": count,
-        **run(count),
-    }
-    write_results(result, args.out / "spec_bench.json", args.out / "spec_bench.md", markdown(result))
+    bench_main(__doc__, "spec_bench", "two requests per workload (smoke run)",
+               lambda quick: {"requests": 2 if quick else 6, **run(2 if quick else 6)}, markdown, RESULTS)
 
 
 if __name__ == "__main__":

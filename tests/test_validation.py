@@ -47,9 +47,26 @@ CASES = [
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
     ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
+    # KV offloading is served (tests/e2e/test_kv_offload.py); every other connector is refused by name
     ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
-     TTUnsupportedFeatureError, "--kv-transfer-config"),
-    ("pooling-convert", {"convert": "embed"}, {}, TTUnsupportedFeatureError, "--convert"),
+     TTUnsupportedFeatureError, "ExampleConnector"),
+    ("kv-nixl", {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"}}, {},
+     TTUnsupportedFeatureError, "NixlConnector"),
+    ("kv-lmcache", {"kv_offloading_size": 1.0, "kv_offloading_backend": "lmcache"}, {},
+     TTUnsupportedFeatureError, "LMCacheMPConnector"),
+    ("kv-simple-offload", {"kv_offloading_size": 1.0}, {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
+     TTUnsupportedFeatureError, "SimpleCPUOffloadConnector"),
+    ("kv-offload-spec", {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                                "kv_connector_extra_config": {"spec_name": "CPUOffloadingSpec"}}},
+     {}, TTUnsupportedFeatureError, "spec_name"),
+    # its own additional_config: folding -dp into lanes writes the lane shape into it
+    ("kv-offload-lanes", {"kv_offloading_size": 1.0, "data_parallel_size": 2, "additional_config": _host()},
+     {"MESH_DEVICE": "N300"},
+     TTUnsupportedFeatureError, "--kv-offloading-size with lanes"),
+    # a decoder pools as an embedding model; a classifier is its own architecture (--hf-overrides)
+    ("pooling-convert", {"runner": "pooling", "convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
+    # --convert alone: vLLM turns it into --runner pooling first, the error still names --convert
+    ("convert-alone", {"convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",
@@ -58,7 +75,6 @@ CASES = [
         TTUnsupportedFeatureError,
         "--speculative-config method",
     ),
-    ("pooling", {"runner": "pooling"}, {}, TTUnsupportedFeatureError, "--runner"),
     (
         "prompt-embeds",
         {"enable_prompt_embeds": True},
@@ -205,6 +221,36 @@ def test_device_sampling_needs_the_model_capability(llama, no_device_sampling_bu
     assert "supports_sample_on_device" in str(info.value)
 
 
+@pytest.mark.parametrize(("runner", "convert", "caps", "setting"), [
+    ("pooling", "embed", {}, "--runner"),  # a generation model without supports_pooling
+    ("generate", "none", {"pooling_model": True}, "--runner"),  # an encoder only pools
+    ("pooling", "classify", {"supports_pooling": True}, "--convert"),  # a decoder has no classifier head
+    ("pooling", "embed", {"pooling_model": True, "pooled_outputs": True}, "--convert"),  # a reranker's scores
+])
+def test_runner_and_convert_need_the_model_capability(runner, convert, caps, setting):
+    from types import SimpleNamespace
+
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_runner
+
+    config = SimpleNamespace(model_config=SimpleNamespace(runner_type=runner, convert_type=convert))
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        check_runner(config, ModelCapabilities(**caps), "TTSomeModel")  # type: ignore[arg-type]
+    assert setting in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_decoder_pools_prefill_only(llama):
+    """``--runner pooling`` on a decoder: whole prompts in one step, no decode to overlap."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(llama), max_model_len=256, runner="pooling", convert="embed",
+                        additional_config=HOST).create_engine_config()
+    assert config.model_config.hf_config.architectures == ["TTLlamaForCausalLM"]
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTScheduler"
+
+
 def test_good_configuration_is_rewritten_for_tt(llama):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -215,6 +261,19 @@ def test_good_configuration_is_rewritten_for_tt(llama):
     assert config.scheduler_config.scheduler_cls == "vllm_tt_scheduler.TTAsyncScheduler"
     assert config.cache_config.block_size == 64
     assert config.scheduler_config.async_scheduling is True
+
+
+def test_kv_offloading_selects_the_tt_transfer_handler(llama):
+    """``--kv-offloading-size`` keeps vLLM's OffloadingConnector and points it at the TT spec."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config.kv_transfer import SPEC_KEYS
+
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                        kv_offloading_size=0.5).create_engine_config()
+    kv = config.kv_transfer_config
+    assert kv is not None and kv.kv_connector == "OffloadingConnector" and kv.kv_role == "kv_both"
+    assert {**kv.kv_connector_extra_config, "cpu_bytes_to_use": None} == {**SPEC_KEYS, "cpu_bytes_to_use": None}
+    assert kv.kv_connector_extra_config["cpu_bytes_to_use"] == 0.5 * (1 << 30)
 
 
 def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, monkeypatch):
@@ -280,6 +339,18 @@ def test_bad_speculation_is_refused_at_startup(llama, spec, error, setting):
                    speculative_config=spec).create_engine_config()
     assert setting in str(info.value)
     assert error is ValueError or "Fix:" in str(info.value)
+
+
+def test_mtp_k_beyond_the_verify_trace_is_refused_at_startup():
+    """``method: mtp`` with K beyond the verify traces is refused before the model loads (a
+    checkpoint without MTP weights is refused when it loads: tt-host's test_host_mtp)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_testing.checkpoints import cached_mtp
+
+    with pytest.raises(TTConfigError) as info:
+        EngineArgs(model=str(cached_mtp()), max_model_len=256, additional_config=HOST,
+                   speculative_config={"method": "mtp", "num_speculative_tokens": 8}).create_engine_config()
+    assert "--speculative-config num_speculative_tokens" in str(info.value) and "Fix:" in str(info.value)
 
 
 def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch):

@@ -86,32 +86,48 @@ def cached_drafter(arch: str, num_hidden_layers: int = 1, vocab_size: int | None
                   target.name, num_hidden_layers, vocab_size, inspect.getsource(tiny_drafter))
 
 
+MTP_TARGET_STEPS = 120
+"""The tiny DeepSeek V3 the MTP checkpoint extends (the DeepSeek V3 tests' recipe)."""
+
+
+def cached_mtp(train_steps: int = 150) -> Path:
+    """The tiny DeepSeek V3 with a trained MTP module (``tiny_mtp.build_mtp_checkpoint``)."""
+    from vllm_tt_testing import tiny_mtp
+
+    target = cached_tiny("deepseek_v3", MTP_TARGET_STEPS)
+    return cached(f"mtp-deepseek_v3-{train_steps}",
+                  lambda out: tiny_mtp.build_mtp_checkpoint(target, out, train_steps),
+                  target.name, train_steps, inspect.getsource(tiny_mtp))
+
+
 def parity_fixtures(
-    arch: str, train_steps: int, model_class: Any, batch: int, max_len: int
+    arch: str, train_steps: int, model_class: Any, batch: int, max_len: int, prefix: str = ""
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:
     """The module fixtures a host-model parity test starts from, for ``checkpoint, hf, model =
     parity_fixtures(...)`` at module level: the trained ``arch`` checkpoint, transformers' model
     of it (float32, eval) and ``model_class`` built from it on a 1x1 host mesh for ``batch``
-    rows of ``max_len`` positions."""
+    rows of ``max_len`` positions. ``prefix`` starts their names, for a second variant of the
+    family in the same module (``e_checkpoint, e_hf, e_model``)."""
 
-    @pytest.fixture(scope="module", name="checkpoint")
+    @pytest.fixture(scope="module", name=f"{prefix}checkpoint")
     def checkpoint() -> Path:
         return cached_tiny(arch, train_steps)
 
-    @pytest.fixture(scope="module", name="hf")
-    def hf(checkpoint: Path) -> Any:
+    @pytest.fixture(scope="module", name=f"{prefix}hf")
+    def hf(request: pytest.FixtureRequest) -> Any:
         import torch
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        folder = request.getfixturevalue(f"{prefix}checkpoint")
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
-    @pytest.fixture(scope="module", name="model")
-    def model(checkpoint: Path) -> Any:
+    @pytest.fixture(scope="module", name=f"{prefix}model")
+    def model(request: pytest.FixtureRequest) -> Any:
         from transformers import AutoConfig
         from vllm_tt_host.device import HostMeshDevice
         from vllm_tt_platform.mesh.shape import MeshShape
 
-        config = AutoConfig.from_pretrained(checkpoint)
+        config = AutoConfig.from_pretrained(request.getfixturevalue(f"{prefix}checkpoint"))
         return model_class.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), batch, max_len)
 
     return checkpoint, hf, model

@@ -44,17 +44,27 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     """Write the checkpoint into ``out`` (idempotent per recipe) and return it."""
     if built(out, STAMP, RECIPE):
         return out
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    return build_qwen_vl(
+        out, STAMP, RECIPE, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
+        Qwen2VLVideoProcessor, text={},
+        vision=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
+                    spatial_merge_size=2, window_size=16, out_hidden_size=64, fullatt_block_indexes=[1]),
+    )
+
+
+def build_qwen_vl(out: Path, stamp: str, recipe: dict[str, Any], config_cls: Any, model_cls: Any, processor_cls: Any,
+                  video_processor_cls: Any, *, text: dict[str, Any], vision: dict[str, Any],
+                  pixel_norm: dict[str, Any] | None = None) -> Path:
+    """A tiny Qwen-VL family checkpoint: ``config_cls`` with the shared text sizes (plus
+    ``text``) and ``vision``, the shared tokenizer and image processor (``pixel_norm``: its
+    mean / std, else Qwen2-VL's defaults), trained on the captioning task, saved into ``out``."""
     import torch
     import vllm_tt_host.tiny as tiny
-    from transformers import (
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-    )
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     tok = tiny.build_tokenizer()
     tok.add_special_tokens(list(IMAGE_TOKENS))
@@ -65,35 +75,33 @@ def build_tiny_qwen_vl(out: Path) -> Path:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     grid = {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
-            "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}}
-    processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**grid),
-                                    video_processor=Qwen2VLVideoProcessor(**grid), tokenizer=tokenizer,
-                                    chat_template=CHAT_TEMPLATE)
+            "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}, **(pixel_norm or {})}
+    processor = processor_cls(image_processor=Qwen2VLImageProcessor(**grid), video_processor=video_processor_cls(**grid),
+                              tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     ids = {name: tok.token_to_id(name) for name in IMAGE_TOKENS}
     special = {"bos_token_id": tok.token_to_id(tiny.BOS), "pad_token_id": tok.token_to_id(tiny.PAD),
                "eos_token_id": ids["<|im_end|>"]}
-    config = Qwen2_5_VLConfig(
+    config = config_cls(
         text_config=dict(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=tiny.MAX_POSITIONS, **special,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
-                           temporal_patch_size=2, spatial_merge_size=2, window_size=16, out_hidden_size=64,
-                           fullatt_block_indexes=[1]),
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                         ) | text,
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False, **special,
     )
-    config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    config.architectures = [model_cls.__name__]
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_cls(config)
         _train(model, processor, tok, tiny)
     model.eval()
     # No eos in the generation config: HF generate() then runs max_new_tokens, as vLLM does with ignore_eos.
     model.generation_config = GenerationConfig(bos_token_id=special["bos_token_id"],
                                                pad_token_id=special["pad_token_id"])
-    return save(out, model, processor, STAMP, RECIPE)
+    return save(out, model, processor, stamp, recipe)
 
 
 def _train(model: Any, processor: Any, tok: Any, tiny: Any) -> None:

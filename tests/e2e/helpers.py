@@ -195,6 +195,27 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_new_tokens: int
     return outputs
 
 
+def seeded_prompts(seed: int, lengths: Sequence[int]) -> list[list[int]]:
+    """Random token prompts of ``lengths`` (ids 3..999: no special tokens of the tiny vocab)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+
+
+def offline_greedy(llm: Any, prompts: Sequence[list[int]], max_tokens: int) -> list[list[int]]:
+    """``llm.generate`` of token prompts, greedy and never stopping early: each answer's ids."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(r.outputs[0].token_ids) for r in results]
+
+
+def metric_total(llm: Any, name: str) -> int:
+    """The sum of an offline engine's metric ``name`` (``vllm:num_preemptions``, ...)."""
+    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+
+
 def assert_greedy_equal(prompts: Sequence[list[int]], got: Sequence[list[int]],
                         expected: Sequence[list[int]]) -> None:
     """Every prompt's tokens equal; the message names the first three that differ."""

@@ -138,13 +138,16 @@ def chi_square_p_value(samples: list[tuple[int, ...]], probs: dict[tuple[int, ..
 
 
 def assert_keeps_target_distribution(llm, model_dir: Path, prompt: list[int],
-                                     acceptance_range: tuple[float, float] = (0.2, 0.9)) -> None:
+                                     acceptance_range: tuple[float, float] = (0.2, 0.9),
+                                     tells_hotter_apart: bool = True) -> None:
     """Sampled 4-token continuations of ``prompt`` under speculation follow transformers' exact
     distribution (Pearson chi-square over the continuations, ``DIST_ALPHA``), unseeded (vLLM's
     rejection sampler) and seeded (one seed per request: deterministic), while the share of
     drafts accepted stays in ``acceptance_range``. The seeded sample also rejects the
     distribution at 1.25 times the temperature (power ~0.99 at 400 samples, simulated): the
-    test tells nearby distributions apart."""
+    test tells nearby distributions apart; ``tells_hotter_apart=False`` skips that power check
+    for a checkpoint whose 1.25x-hotter distribution 400 samples cannot tell apart (a trained
+    model's peaked top-k: its expected chi-square excess is below the 1e-3 threshold's)."""
     from vllm import SamplingParams
 
     probs = continuation_probs(model_dir, prompt, DIST_TOKENS)
@@ -158,8 +161,9 @@ def assert_keeps_target_distribution(llm, model_dir: Path, prompt: list[int],
         acceptance = (counter(llm, "vllm:spec_decode_num_accepted_tokens") - accepted) / max(drafted, 1)
         assert drafted >= DIST_SAMPLES and low <= acceptance <= high, (seeds[0], drafted, acceptance)
         assert chi_square_p_value(samples, probs) > DIST_ALPHA, (seeds[0], chi_square_p_value(samples, probs))
-    hotter = continuation_probs(model_dir, prompt, DIST_TOKENS, temperature=1.25 * SAMPLED["temperature"])
-    assert chi_square_p_value(samples, hotter) < DIST_ALPHA
+    if tells_hotter_apart:
+        hotter = continuation_probs(model_dir, prompt, DIST_TOKENS, temperature=1.25 * SAMPLED["temperature"])
+        assert chi_square_p_value(samples, hotter) < DIST_ALPHA
 
 
 # -- through `vllm serve` (the OpenAI client) ---------------------------------------------------

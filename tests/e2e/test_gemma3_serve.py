@@ -6,12 +6,19 @@ side by side and under KV pressure that forces preemption; and through ``vllm se
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
+from tests.e2e.helpers import (
+    assert_greedy_equal,
+    concurrent_greedy,
+    hf_greedy,
+    metric_total,
+    offline_greedy,
+    offline_llm,
+    seeded_prompts,
+    serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -26,11 +33,6 @@ def gemma3_checkpoint():
     return cached_tiny("gemma3", 200)
 
 
-def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
-
-
 def _llm(model_dir, tt: dict | None = None, **kwargs):
 
     with pytest.MonkeyPatch.context() as patch:
@@ -41,15 +43,6 @@ def _llm(model_dir, tt: dict | None = None, **kwargs):
         )
 
 
-def _generate(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(r.outputs[0].token_ids) for r in results]
-
-
 def _kv_groups(llm) -> list[tuple[str, int | None]]:
     config = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
     return [
@@ -58,12 +51,8 @@ def _kv_groups(llm) -> list[tuple[str, int | None]]:
     ]
 
 
-def _counter(llm, name: str) -> int:
-    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
-
-
 def _preemptions(llm) -> int:
-    return _counter(llm, "vllm:num_preemptions")
+    return metric_total(llm, "vllm:num_preemptions")
 
 
 def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
@@ -74,16 +63,16 @@ def test_greedy_matches_transformers_past_the_window(gemma3_checkpoint):
     try:
         groups = _kv_groups(llm)
         assert ("SlidingWindowSpec", WINDOW) in groups and ("FullAttentionSpec", None) in groups, groups
-        prompts = _prompts(0, [3, 20, 31, 32, 33, 64, 100, 129, 150, 200, 255, 300])
-        got = _generate(llm, prompts, 16)
+        prompts = seeded_prompts(0, [3, 20, 31, 32, 33, 64, 100, 129, 150, 200, 255, 300])
+        got = offline_greedy(llm, prompts, 16)
         assert _preemptions(llm) == 0
         # A second round that starts from a cached prefix far past the window: the prefill runs
         # from start_pos > 0 with the sliding groups' blocks before the window already null.
         shared = prompts[-1][:200]
-        hit_prompts = [shared + tail for tail in _prompts(2, [5, 40, 70])]
-        before = _counter(llm, "vllm:prefix_cache_hits")
-        hit_got = _generate(llm, hit_prompts, 16)
-        assert _counter(llm, "vllm:prefix_cache_hits") - before >= 3 * 128
+        hit_prompts = [shared + tail for tail in seeded_prompts(2, [5, 40, 70])]
+        before = metric_total(llm, "vllm:prefix_cache_hits")
+        hit_got = offline_greedy(llm, hit_prompts, 16)
+        assert metric_total(llm, "vllm:prefix_cache_hits") - before >= 3 * 128
     finally:
         del llm
     assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 16))
@@ -98,8 +87,8 @@ def test_greedy_matches_transformers_under_preemption(gemma3_checkpoint):
         gemma3_checkpoint, max_num_seqs=4, max_model_len=256, num_gpu_blocks_override=27, enable_prefix_caching=False
     )
     try:
-        prompts = _prompts(1, [40, 50, 60, 70, 45, 55, 65, 75])
-        got = _generate(llm, prompts, 150)
+        prompts = seeded_prompts(1, [40, 50, 60, 70, 45, 55, 65, 75])
+        got = offline_greedy(llm, prompts, 150)
         assert _preemptions(llm) > 0
     finally:
         del llm
@@ -114,8 +103,8 @@ def test_greedy_matches_transformers_with_device_sampling_and_overlap(gemma3_che
                async_scheduling=True)
     try:
         assert llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.runner.overlap.enabled
-        prompts = _prompts(3, [10, 40, 90, 150, 230, 300])
-        got = _generate(llm, prompts, 24)
+        prompts = seeded_prompts(3, [10, 40, 90, 150, 230, 300])
+        got = offline_greedy(llm, prompts, 24)
     finally:
         del llm
     assert_greedy_equal(prompts, got, hf_greedy(gemma3_checkpoint, prompts, 24))
@@ -125,7 +114,7 @@ def test_serve_24_concurrent_clients_match_transformers(gemma3_checkpoint, tmp_p
     """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows: requests queue,
     join running batches mid-flight and cross the window while others decode; each answer is
     transformers' greedy continuation."""
-    prompts = _prompts(4, [5 + 13 * i for i in range(24)])
+    prompts = seeded_prompts(4, [5 + 13 * i for i in range(24)])
     log = tmp_path / "serve.log"
     args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
     with serve(gemma3_checkpoint, *args, log=log) as url:

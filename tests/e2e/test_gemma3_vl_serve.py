@@ -22,11 +22,13 @@ from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e.helpers import offline_llm, serve
 from tests.e2e.vl_chat import (
+    assert_chunks_keep_images,
     assert_every_lane_prefilled_an_image,
     chat_body,
     chat_text,
     hf_generate,
     image_parts,
+    image_runs,
     images,
     lane_serve,
 )
@@ -73,29 +75,6 @@ def assert_image_decides(answers: list[list[int]]) -> None:
     assert by_kinds[(1,)] != by_kinds[()], "an image changes the answer"
 
 
-def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
-    """``[first, stop)`` of each run of image placeholder tokens."""
-    runs: list[tuple[int, int]] = []
-    for i, token in enumerate(ids):
-        if token == image_token:
-            if runs and runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], i + 1)
-            else:
-                runs.append((i, i + 1))
-    return runs
-
-
-def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
-    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
-    ends, done = [], 0
-    for step in trace:
-        for rid, tokens in step["scheduled"].items():
-            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
-                done += tokens
-                ends.append(done)
-    return ends
-
-
 @pytest.fixture(scope="module")
 def gemma3_vl_llm(gemma3_vl_checkpoint, tmp_path_factory):
     """One ``vllm.LLM`` engine (4 rows, 48-token step budget, pan-and-scan on) and its scheduler step trace."""
@@ -129,16 +108,10 @@ def test_llm_generate_with_images_equals_transformers_chunked(gemma3_vl_llm, hf_
     assert_image_decides([g[1] for g in got])
 
     image_token = hf_gemma3_vl[0].config.image_token_id
-    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
-    chunked = 0
     for kinds, result in zip(REQUESTS, results, strict=True):
-        ids = list(result.prompt_token_ids)
-        runs = image_runs(ids, image_token)
+        runs = image_runs(list(result.prompt_token_ids), image_token)
         assert [stop - first for first, stop in runs] == [MM_TOKENS] * len(kinds)
-        ends = chunk_ends(trace, result.request_id, len(ids))
-        assert ends and ends[-1] == len(ids), (kinds, ends)
-        assert not [e for e in ends for first, stop in runs if first < e < stop], (kinds, ends, runs)
-        chunked += len(ends) > 1
+    chunked = assert_chunks_keep_images(trace_path, results, image_token)
     assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
 
 

@@ -7,12 +7,19 @@ preemption, all on one engine; then ``vllm serve`` with 24 concurrent OpenAI cli
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, offline_llm, serve
+from tests.e2e.helpers import (
+    assert_greedy_equal,
+    concurrent_greedy,
+    hf_greedy,
+    metric_total,
+    offline_greedy,
+    offline_llm,
+    seeded_prompts,
+    serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,24 +34,6 @@ BLOCKS = 40
 @pytest.fixture(scope="module")
 def gemma4_checkpoint():
     return cached_tiny("gemma4", TRAIN_STEPS)
-
-
-def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
-
-
-def _generate(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(r.outputs[0].token_ids) for r in results]
-
-
-def _counter(llm, name: str) -> int:
-    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +52,18 @@ def rounds(gemma4_checkpoint):
         plan = core.scheduler.kv_cache_config
         runner = core.model_executor.driver_worker.worker.runner
         results, preempted = {}, {}
-        long_prefix = _prompts(9, [200])[0]
+        long_prefix = seeded_prompts(9, [200])[0]
         for name, prompts, max_tokens in (
-            ("alone", _prompts(0, [230]), 16),
-            ("side by side", _prompts(1, [3, 20, 31, 32, 33, 64, 100, 129, 150, 180, 200, 230]), 16),
+            ("alone", seeded_prompts(0, [230]), 16),
+            ("side by side", seeded_prompts(1, [3, 20, 31, 32, 33, 64, 100, 129, 150, 180, 200, 230]), 16),
             ("prefix", [long_prefix], 16),
-            ("prefix hits", [long_prefix + tail for tail in _prompts(2, [5, 20, 35])], 16),
-            ("preemption", _prompts(3, [40, 50, 60, 70, 45, 55, 65, 75]), 150),
+            ("prefix hits", [long_prefix + tail for tail in seeded_prompts(2, [5, 20, 35])], 16),
+            ("preemption", seeded_prompts(3, [40, 50, 60, 70, 45, 55, 65, 75]), 150),
         ):
-            before, hits = _counter(llm, "vllm:num_preemptions"), _counter(llm, "vllm:prefix_cache_hits")
-            results[name] = (prompts, _generate(llm, prompts, max_tokens), max_tokens)
-            preempted[name] = _counter(llm, "vllm:num_preemptions") - before
-            preempted[name + " hits"] = _counter(llm, "vllm:prefix_cache_hits") - hits
+            before, hits = metric_total(llm, "vllm:num_preemptions"), metric_total(llm, "vllm:prefix_cache_hits")
+            results[name] = (prompts, offline_greedy(llm, prompts, max_tokens), max_tokens)
+            preempted[name] = metric_total(llm, "vllm:num_preemptions") - before
+            preempted[name + " hits"] = metric_total(llm, "vllm:prefix_cache_hits") - hits
         yield plan, runner.kv.layout, results, preempted
     finally:
         del llm
@@ -105,7 +94,7 @@ def test_greedy_matches_transformers(gemma4_checkpoint, rounds, name):
 
 def test_serve_24_concurrent_clients_match_transformers(gemma4_checkpoint, tmp_path):
     """``vllm serve`` + the OpenAI client, 24 requests at once on 8 decode rows."""
-    prompts = _prompts(4, [5 + 13 * i for i in range(24)])
+    prompts = seeded_prompts(4, [5 + 13 * i for i in range(24)])
     log = tmp_path / "serve.log"
     args = ("--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512", "--block-size", "32")
     with serve(gemma4_checkpoint, *args, log=log) as url:

@@ -12,16 +12,15 @@ import concurrent.futures
 import httpx
 import numpy as np
 import pytest
-import torch
 from vllm_tt_testing.tiny_bert import hf_embeddings, inputs_of_lengths, tiny_bert
 
 from tests.e2e.helpers import serve
+from tests.e2e.pooling_checks import assert_close
 
 pytestmark = pytest.mark.e2e
 
 SHAPES = "1x32,4x32,8x32,1x96,4x96"
 """Longest shape 96 tokens, under --max-model-len 128: the TT limit, not vLLM's, refuses longer."""
-COSINE = 0.99999
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +53,6 @@ def client(server):
     return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused")
 
 
-def _assert_close(got, want) -> None:
-    got = torch.tensor(np.asarray(got, dtype=np.float32))
-    cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-    assert cosine.min().item() >= COSINE, cosine.tolist()
-
-
 def test_startup_summary_lists_the_shapes(server):
     log = server[1].read_text()
     assert "no KV cache; programs at 5 shapes (BATCHxLENGTH): 1x32, 1x96, 4x32, 4x96, 8x32" in log
@@ -69,7 +62,7 @@ def test_startup_summary_lists_the_shapes(server):
 def test_each_input_alone_equals_transformers(client, texts, reference):
     got = [client.embeddings.create(model="tiny-bert", input=t, encoding_format="float").data[0].embedding
            for t in texts]
-    _assert_close(got, reference)
+    assert_close(got, reference)
 
 
 def test_all_inputs_in_one_request_base64(client, texts, reference):
@@ -78,14 +71,14 @@ def test_all_inputs_in_one_request_base64(client, texts, reference):
     # The OpenAI client decodes base64 itself unless asked for it; decode the wire form here.
     got = [np.frombuffer(base64.b64decode(r.embedding), dtype=np.float32) if isinstance(r.embedding, str)
            else r.embedding for r in rows]
-    _assert_close(got, reference)
+    assert_close(got, reference)
 
 
 def test_base64_on_the_wire(server, texts, reference):
     body = httpx.post(f"{server[0]}/v1/embeddings", json={"model": "tiny-bert", "input": texts[:3],
                                                          "encoding_format": "base64"}, timeout=60).json()
     got = [np.frombuffer(base64.b64decode(d["embedding"]), dtype=np.float32) for d in body["data"]]
-    _assert_close(got, reference[:3])
+    assert_close(got, reference[:3])
 
 
 def test_32_concurrent_clients(client, texts, reference):
@@ -93,7 +86,7 @@ def test_32_concurrent_clients(client, texts, reference):
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         got = list(pool.map(lambda i: client.embeddings.create(model="tiny-bert", input=texts[i]).data[0].embedding,
                             order))
-    _assert_close(got, reference[order])
+    assert_close(got, reference[order])
 
 
 def test_over_long_input_is_a_400_naming_the_limit(server, texts, reference):
@@ -104,7 +97,7 @@ def test_over_long_input_is_a_400_naming_the_limit(server, texts, reference):
     assert "longest pooling shape" in message and "(96 tokens)" in message, message
     assert "--additional-config.tt.pooling_shapes" in message, message
     after = httpx.post(f"{server[0]}/v1/embeddings", json={"model": "tiny-bert", "input": texts[5]}, timeout=60)
-    _assert_close([after.json()["data"][0]["embedding"]], reference[5:6])
+    assert_close([after.json()["data"][0]["embedding"]], reference[5:6])
 
 
 def test_generation_request_is_refused_and_serving_goes_on(server, texts, reference):
@@ -113,4 +106,4 @@ def test_generation_request_is_refused_and_serving_goes_on(server, texts, refere
     assert 400 <= response.status_code < 500, response.text
     assert response.text
     after = httpx.post(f"{server[0]}/v1/embeddings", json={"model": "tiny-bert", "input": texts[2]}, timeout=60)
-    _assert_close([after.json()["data"][0]["embedding"]], reference[2:3])
+    assert_close([after.json()["data"][0]["embedding"]], reference[2:3])

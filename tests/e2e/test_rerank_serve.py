@@ -15,7 +15,9 @@ from tests.e2e.helpers import serve
 pytestmark = pytest.mark.e2e
 
 QUERY = "the fog in the low fields"
-TOLERANCE = 1e-5
+TOLERANCE = 1e-4
+"""float32: the server's padded batches sum in another order than transformers' one pair at a
+time (observed up to 1.7e-5 on a score); the host parity test's bound on hidden states."""
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,12 @@ def url(checkpoint, tmp_path_factory):
     with serve(checkpoint, "--runner", "pooling", "--served-model-name", "tiny-reranker", "--max-model-len", "128",
                "--max-num-seqs", "8", log=log) as base:
         yield base
+
+
+def test_scores_spread(reference):
+    """The oracle's scores are apart by more than twice the tolerance, so the ranking is meaningful."""
+    gaps = reference.sort().values.diff()
+    assert gaps.min().item() > 2 * TOLERANCE, reference.tolist()
 
 
 def test_score_equals_transformers(url, documents, reference):

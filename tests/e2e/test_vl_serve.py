@@ -9,7 +9,6 @@ the server keeps serving."""
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 from typing import Any
 
@@ -20,12 +19,10 @@ from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import offline_llm, serve
-from tests.e2e.vl_chat import chat_text, image_parts, images
+from tests.e2e.vl_chat import BAD_REQUESTS, REQUESTS, chat_text, image_parts, images
 
 pytestmark = pytest.mark.e2e
 
-REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
-"""Image kinds per request; two of one kind use different seeds (different pixels)."""
 MAX_TOKENS = 24
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 """With one image this question makes a prompt more than a 64-token block longer than the image's end."""
@@ -38,11 +35,7 @@ def qwen_vl_checkpoint():
 
 @pytest.fixture(scope="session")
 def hf_vl(qwen_vl_checkpoint):
-    import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(qwen_vl_checkpoint, dtype=torch.float32).eval()
-    return model, AutoProcessor.from_pretrained(qwen_vl_checkpoint)
+    return vl_chat.load_hf(qwen_vl_checkpoint)
 
 
 def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int = 0, *, chat: bool = False,
@@ -81,16 +74,6 @@ def test_llm_generate_with_images_equals_transformers_under_preemption(qwen_vl_c
 
 def chat_body(model: str, parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> dict[str, Any]:
     return vl_chat.chat_body(model, parts, MAX_TOKENS, question)
-
-
-WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"
-                       b"\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
-BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
-    "video": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}],
-    "audio": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}],
-    "three images": [],  # filled with three image parts below
-    "corrupt image": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdlIGF0IGFsbA=="}}],
-}
 
 
 def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(qwen_vl_checkpoint, hf_vl, tmp_path):

@@ -13,6 +13,22 @@ from typing import Any
 
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image, user_message
 
+REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (3,), (1, 0), ()]
+"""Image kinds per request; two of one kind use different seeds (different pixels)."""
+
+
+WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00\x80>\x00\x00"
+                       b"\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
+BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
+    "video": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}],
+    "audio": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}],
+    "three images": [],  # the tests fill in three image parts
+    "corrupt image": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdlIGF0IGFsbA=="}}],
+}
+"""What the front end refuses with a 400 (the model is never asked): a modality the TT models
+are not sent, more images than ``--limit-mm-per-prompt`` allows (``image_parts`` fills the
+empty entry), bytes that are not an image."""
+
 
 def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 32)) -> list[Any]:
     """PIL images (``size``: height, width) of these kinds; two of one kind (or another ``salt``)
@@ -20,6 +36,15 @@ def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 3
     from PIL import Image
 
     return [Image.fromarray(synthetic_image(k, 100 * salt + 10 * i + k, size)) for i, k in enumerate(kinds)]
+
+
+def load_hf(checkpoint: Path) -> tuple[Any, Any]:
+    """transformers' (model in float32, eval mode; processor) for a tiny checkpoint: the oracle."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(checkpoint)
 
 
 def chat_text(processor: Any, count: int, question: str = QUESTION) -> str:
@@ -45,6 +70,45 @@ def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int,
         out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     prompt = inputs["input_ids"][0].tolist()
     return prompt, out[0, len(prompt):].tolist()
+
+
+def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
+    """``[first, stop)`` of each run of image placeholder tokens."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(ids):
+        if token == image_token:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs
+
+
+def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
+    ends, done = [], 0
+    for step in trace:
+        for rid, tokens in step["scheduled"].items():
+            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
+                done += tokens
+                ends.append(done)
+    return ends
+
+
+def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int) -> int:
+    """Every prompt of ``results`` (``vllm.LLM`` outputs) was prefilled in chunks that end
+    outside its images (the scheduler's step trace says where each pass ended); returns how
+    many prompts took more than one chunk."""
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    chunked = 0
+    for result in results:
+        ids = list(result.prompt_token_ids)
+        runs = image_runs(ids, image_token)
+        ends = chunk_ends(trace, result.request_id, len(ids))
+        assert ends and ends[-1] == len(ids), ends
+        assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)
+        chunked += len(ends) > 1
+    return chunked
 
 
 def data_url(image: Any) -> str:

@@ -3,7 +3,10 @@ hybrid-KV contract: sliding layers of 2 KV heads x 32 and full layers of 1 KV he
 from keys), the last two layers reading the KV of layer 3 (sliding) and layer 2 (full) and
 writing none. Layers of both kinds share one storage slot as vLLM overlays them (views of one
 buffer, different shapes); a KV-shared layer gets its source's storage and its group's table;
-blocks a sliding group drops are filled with NaN."""
+blocks a sliding group drops are filled with NaN. The E-series variant (``gemma4_e``: the same
+layers plus per-layer input embeddings and the KV-shared layers' double-wide MLP) and the
+mixture-of-experts variant (``gemma4_moe``: 4 experts, top-2, beside each dense MLP) pass the
+same parity tests."""
 
 from __future__ import annotations
 
@@ -39,6 +42,17 @@ TRAIN_STEPS = 100
 checkpoint, hf, model = parity_fixtures("gemma4", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK)
 """The tiny Gemma 4 (s s f s | s f shared; window 32), trained so greedy margins are real; built
 once per session: tests/e2e/test_gemma4_serve.py reuses the folder (same recipe)."""
+e_checkpoint, e_hf, e_model = parity_fixtures(
+    "gemma4_e", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK, prefix="e_"
+)
+"""The E-series variant (16 per-layer input values per layer); tests/e2e/test_gemma4_e_serve.py
+reuses it."""
+moe_checkpoint, moe_hf, moe_model = parity_fixtures(
+    "gemma4_moe", TRAIN_STEPS, HostGemma4ForCausalLM, 4, WIDTH * BLOCK, prefix="moe_"
+)
+"""The mixture-of-experts variant; tests/e2e/test_gemma4_variants_serve.py reuses it."""
+VARIANTS = ("", "e_", "moe_")
+"""Fixture prefixes of the two tiny models the parity tests run on."""
 
 
 def per_layer_specs(config: Gemma4Config, blocks: int = NUM_BLOCKS) -> list[tuple[tuple[int, ...], torch.dtype, int]]:
@@ -57,10 +71,11 @@ def hybrid(model: HostGemma4ForCausalLM, seed: int = 0) -> ContractDriver:
     return ContractDriver(model, kv, windows, width=WIDTH, seed=seed, spoil="nan")
 
 
-def wrong_logits(model, prompt: list[int], **config_changes) -> torch.Tensor:
-    """Logits of the same weights with one config field changed (a plausible mistake)."""
+def wrong_logits(model, prompt: list[int], weights=None, **config_changes) -> torch.Tensor:
+    """Logits of the same weights (or ``weights``) with one config field changed (a plausible
+    mistake)."""
     config = dataclasses.replace(model.config, **config_changes)
-    decoder = Gemma4Decoder(config, model.decoder.weights)
+    decoder = Gemma4Decoder(config, weights or model.decoder.weights)
     lane_kv = model.allocate_kv_cache_per_layer(per_layer_specs(config))[0]
     tables = [torch.arange(1, WIDTH + 1, dtype=torch.int32) + (40 if config.window(i) else 0)
               for i in range(config.num_layers)]
@@ -76,11 +91,51 @@ def test_config_reads_per_layer_kv_shapes_and_sources(model):
     assert cfg.layer_kv_sources == (0, 1, 2, 3, 3, 2)
     assert cfg.values_from_keys and cfg.rope.rotary_fraction == 0.25
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.local_rope.theta) == ("proportional", 1e6, 1e4)
+    assert cfg.per_layer_input_size == 0 and model.decoder.weights.per_layer_embedding is None
 
 
-def test_prefill_logits_match_transformers_at_every_position(model, hf):
+def test_e_series_config_reads_per_layer_inputs_and_double_wide_mlp(e_model):
+    cfg, weights = e_model.config, e_model.decoder.weights
+    assert cfg.per_layer_input_size == 16 and cfg.layer_kv_sources == (0, 1, 2, 3, 3, 2)
+    assert weights.per_layer_embedding.table.shape == (cfg.vocab_size, 6 * 16)
+    assert [layer.mlp.gate.shape[0] for layer in weights.layers] == [256] * 4 + [512] * 2
+
+
+def test_moe_config_reads_the_routed_block(moe_model, moe_checkpoint):
+    cfg, layer = moe_model.config, moe_model.decoder.weights.layers[5]
+    assert (cfg.experts, cfg.experts_per_token, cfg.per_layer_input_size) == (4, 2, 0)
+    assert layer.experts.gate_up.shape == (4, 128, 128) and layer.experts.down.shape == (4, 128, 64)
+    config = AutoConfig.from_pretrained(moe_checkpoint)
+    for name, value in (("top_k_experts", 5), ("num_experts", None)):
+        with pytest.raises(TTConfigError, match=name):
+            Gemma4Config.read(types.SimpleNamespace(**{**config.to_dict(), "per_layer_config": config.per_layer_config,
+                                                       name: value}))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prefill_logits_match_transformers_at_every_position(request, variant):
+    model, hf = request.getfixturevalue(variant + "model"), request.getfixturevalue(variant + "hf")
     prompt = prompts(0, 230)[0]  # 7 windows long
     assert_every_position_matches(hybrid(model).prompt_logits(prompt), hf_all_logits(hf, prompt))
+
+
+def test_e_series_without_per_layer_inputs_is_wrong(e_model, e_hf):
+    """The per-layer inputs matter in the tiny E model: dropping them moves every logit."""
+    prompt = prompts(1, 120)[0]
+    weights = e_model.decoder.weights
+    without = dataclasses.replace(weights, per_layer_embedding=None)
+    assert_mistake_shows(wrong_logits(e_model, prompt, weights=without), wrong_logits(e_model, prompt),
+                         hf_all_logits(e_hf, prompt), "per-layer inputs ignored")
+
+
+def test_moe_without_the_routed_block_is_wrong(moe_model, moe_hf):
+    """The experts matter in the tiny MoE model: dropping them moves every logit."""
+    prompt = prompts(1, 120)[0]
+    weights = moe_model.decoder.weights
+    dense = dataclasses.replace(weights, layers=tuple(dataclasses.replace(layer, experts=None)
+                                                     for layer in weights.layers))
+    assert_mistake_shows(wrong_logits(moe_model, prompt, weights=dense), wrong_logits(moe_model, prompt),
+                         hf_all_logits(moe_hf, prompt), "routed experts ignored")
 
 
 @pytest.mark.parametrize(
@@ -98,10 +153,12 @@ def test_plausible_mistakes_change_the_logits(model, hf, mistake, changes):
     assert_mistake_shows(wrong, wrong_logits(model, prompt), hf_all_logits(hf, prompt), mistake)
 
 
-def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_through_per_layer_page_tables_matches_generate(request, variant):
     """Three requests in one fixed batch (slot 1 padding): prompts shorter than, across and far
     past the window, prefilled in chunks, then decode whose sliding groups drop (and poison)
     every block leaving the window; logits equal HF's at every step, tokens equal generate()'s."""
+    model, hf = request.getfixturevalue(variant + "model"), request.getfixturevalue(variant + "hf")
     runner = hybrid(model, seed=1)
     short, middle, long = prompts(2, 20, 45, 260)
     for slot, prompt in ((0, short), (2, middle), (3, long)):
@@ -113,7 +170,7 @@ def test_decode_through_per_layer_page_tables_matches_generate(model, hf):
     assert runner.seqs[3].tables[32][:15] == [0] * 15  # the window moved on
     worst = max(assert_matches_hf(hf, runner.seqs[slot]) for slot in (0, 2, 3))
     assert runner.null_block_untouched()
-    print(f"gemma4 decode parity: max |logit diff| {worst:.2e}")
+    print(f"gemma4 {variant or 'text_'}decode parity: max |logit diff| {worst:.2e}")
 
 
 def test_shared_layers_get_their_sources_storage(model):
@@ -150,8 +207,6 @@ def test_config_reading_refuses_what_the_host_does_not_implement(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
     assert Gemma4Config.read(config, n_layers=5).layer_kv_sources == (0, 1, 2, 3, 3)
     for name, value, error in (
-        ("hidden_size_per_layer_input", 256, TTUnsupportedFeatureError),
-        ("enable_moe_block", True, TTUnsupportedFeatureError),
         ("use_bidirectional_attention", "vision", TTUnsupportedFeatureError),
         ("hidden_activation", "silu", TTUnsupportedFeatureError),
         ("num_kv_shared_layers", 4, TTConfigError),  # layer 2 (full) would have no earlier full layer

@@ -28,10 +28,9 @@ from vllm_tt_host.models.qwen2_5_vl.model import (
 from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8, vl_prompt
 
 VIDEO, START, END, IMAGE = 296, 297, 298, 299
-BLOCK = 16
-NUM_BLOCKS = 64
 GRIDS = ((1, 8, 8), (1, 4, 6))
 """16 and 6 image tokens; 4 and 2 attention windows of 2x2 merge units."""
 
@@ -72,26 +71,12 @@ def model(checkpoint):
     return HostQwen2_5_VLForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 512)
 
 
-def pixels_u8(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
-    """Flattened patches ``[t*h*w, 3*2*4*4]`` as vLLM sends them by default (uint8)."""
-    t, h, w = grid
-    return torch.randint(0, 256, (t * h * w, 96), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
-
-
 def normalised(pixels: torch.Tensor) -> torch.Tensor:
     return PixelNorm().apply(pixels, 3)
 
 
 def prompt(seed: int, lengths: list[int], grids: tuple[tuple[int, int, int], ...] = GRIDS) -> list[int]:
-    """Text runs of ``lengths`` with an image (start, placeholders, end) between each two."""
-    gen = torch.Generator().manual_seed(seed)
-    ids: list[int] = []
-    for k, n in enumerate(lengths):
-        if k:
-            t, h, w = grids[k - 1]
-            ids += [START] + [IMAGE] * (t * h * w // 4) + [END]
-        ids += torch.randint(3, 290, (n,), generator=gen).tolist()
-    return ids
+    return vl_prompt(seed, lengths, grids, START, IMAGE, END)
 
 
 # ---- modules ---------------------------------------------------------------------------------
@@ -152,103 +137,32 @@ def test_registered_for_the_host_backend_and_takes_vllms_processor():
 
 
 # ---- whole model -----------------------------------------------------------------------------
-class Runner:
-    """The TT runner reduced to one request per slot."""
-
-    def __init__(self, model) -> None:
-        cfg = model.config
-        self.model = model
-        self.kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, 2)
-        self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
-
-    def prefill(self, rows: list[tuple[int, list[int], int, int, list[int | None]]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(slot, ids, start, end, image seeds)`` per row (a None seed: an image inside the
-        prefix-cache hit, its grid sent without pixels); returns (logits [B, V], deltas)."""
-        tokens = torch.zeros(len(rows), max(len(r[1]) for r in rows), dtype=torch.int32)
-        for i, (_, ids, *_) in enumerate(rows):
-            tokens[i, : len(ids)] = torch.tensor(ids)
-        pixels = [[None if s is None else pixels_u8(s, GRIDS[k]) for k, s in enumerate(seeds)] or None
-                  for *_, seeds in rows]
-        grids = [[torch.tensor(GRIDS[k]) for k in range(len(seeds))] or None for *_, seeds in rows]
-        sent = any(p is not None for row in pixels for p in row or [])
-        images = {"pixel_values": pixels} if sent else {}  # as the runner: no key no image of the call has
-        out, deltas = self.model.prefill_forward(
-            tokens=tokens, page_table=self.table[[r[0] for r in rows]], kv_cache=self.kv,
-            prompt_lens=[r[3] for r in rows], start_pos=[r[2] for r in rows], empty_slots=[r[0] for r in rows],
-            image_grid_thw=grids, **images,
-        )
-        return out[:, -1], deltas
-
-    def decode(self, tokens: dict[int, tuple[int, int]], deltas: list[int]) -> torch.Tensor:
-        rows = self.model.max_batch_size
-        ids = torch.zeros(rows, 1, dtype=torch.int32)
-        start = torch.full((rows,), -1, dtype=torch.int32)
-        for slot, (token, pos) in tokens.items():
-            ids[slot, 0], start[slot] = token, pos
-        return self.model.decode_forward(tokens=ids, start_pos=start, page_table=self.table, kv_cache=self.kv,
-                                         rope_deltas_all_users=deltas)[:, -1]
+@pytest.fixture(scope="module")
+def case(hf, model) -> MropeCase:
+    return MropeCase(hf, model, GRIDS, (START, IMAGE, END))
 
 
-def hf_logits(hf, ids: list[int], seeds: list[int]) -> torch.Tensor:
-    input_ids = torch.tensor([ids])
-    kwargs = {}
-    if seeds:
-        kwargs = {"pixel_values": torch.cat([normalised(pixels_u8(s, GRIDS[k])) for k, s in enumerate(seeds)]),
-                  "image_grid_thw": torch.tensor(GRIDS[: len(seeds)])}
-    with torch.no_grad():
-        return hf(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), **kwargs).logits[0]
+def test_prefill_and_decode_logits_equal_transformers_with_0_1_and_2_images(case):
+    assert case.check_prefill_then_decode()[:3] == [0, 4 - 16, (4 - 16) + (3 - 6)]
 
 
-def test_prefill_and_decode_logits_equal_transformers_with_0_1_and_2_images(hf, model):
-    runner = Runner(model)
-    text, one, two = prompt(4, [9]), prompt(5, [4, 6]), prompt(6, [3, 5, 4])
-    logits, deltas = runner.prefill([(0, text, 0, len(text), []), (1, one, 0, len(one), [7]),
-                                     (2, two, 0, len(two), [8, 9])])
-    refs = [hf_logits(hf, text, []), hf_logits(hf, one, [7]), hf_logits(hf, two, [8, 9])]
-    for ours, ref in zip(logits, refs, strict=True):
-        assert torch.allclose(ours, ref[-1], atol=1e-4), (ours - ref[-1]).abs().max()
-    assert deltas.tolist()[0] == 0 and deltas.tolist()[1] == 4 - 16 and deltas.tolist()[2] == (4 - 16) + (3 - 6)
-    # One decode step per row: HF sees the token appended (its own rope_deltas path).
-    nxt = [int(r[-1].argmax()) for r in refs]
-    step = runner.decode({0: (nxt[0], len(text)), 1: (nxt[1], len(one)), 2: (nxt[2], len(two))}, deltas.tolist() + [0])
-    for slot, (ids, seeds) in enumerate([(text, []), (one, [7]), (two, [8, 9])]):
-        expected = hf_logits(hf, ids + [nxt[slot]], seeds)[-1]
-        assert torch.allclose(step[slot], expected, atol=1e-4), (slot, (step[slot] - expected).abs().max())
+def test_chunked_prefill_continues_after_an_image_with_its_positions(case):
+    assert case.check_chunk_after_image() == (4 - 16) + (3 - 6)
 
 
-def test_chunked_prefill_continues_after_an_image_with_its_positions(hf, model):
-    runner = Runner(model)
-    ids = prompt(6, [3, 5, 4])
-    cut = 3 + 1 + 16 + 1 + 2  # after the first image, inside the text before the second
-    first, _ = runner.prefill([(3, ids[:cut], 0, cut, [8, 9])])
-    last, deltas = runner.prefill([(3, ids, cut, len(ids), [8, 9])])
-    ref = hf_logits(hf, ids, [8, 9])
-    assert torch.allclose(first[0], ref[cut - 1], atol=1e-4)
-    assert torch.allclose(last[0], ref[-1], atol=1e-4), (last[0] - ref[-1]).abs().max()
-    assert deltas.tolist() == [(4 - 16) + (3 - 6)]
-
-
-def test_prefix_hit_past_images_sent_without_pixels(hf, model):
+def test_prefix_hit_past_images_sent_without_pixels(case, model):
     """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
     the tokens after it still take their mRoPE positions from its grid, the later image runs its
     tower, and the logits and delta equal HF's; without any pixels in the call (both images
     cached) the same holds. An image the pass computes without pixels is refused."""
-    runner = Runner(model)
-    ids = prompt(6, [3, 5, 4])
-    ref, delta = hf_logits(hf, ids, [8, 9])[-1], (4 - 16) + (3 - 6)
-    runner.prefill([(3, ids, 0, len(ids), [8, 9])])
-    past_first = 3 + 1 + 16 + 1 + 2  # inside the text between the images
-    past_both = len(ids) - 2
-    for start, seeds in ((past_first, [None, 9]), (past_both, [None, None])):
-        got, deltas = runner.prefill([(3, ids, start, len(ids), seeds)])
-        assert torch.allclose(got[0], ref, atol=1e-4), (start, (got[0] - ref).abs().max())
-        assert deltas.tolist() == [delta]
+    assert case.check_prefix_hit_past_images() == (4 - 16) + (3 - 6)
+    ids, past_first = case.two_image_prompt()
     with pytest.raises(HostModelInputError, match=r"row 0: image placeholder runs \[1\] are computed from position 23"):
-        runner.prefill([(3, ids, past_first, len(ids), [8, None])])
+        MropeRunner(model, GRIDS).prefill([(3, ids, past_first, len(ids), [8, None])])
 
 
 def test_different_images_change_the_logits(model):
-    runner = Runner(model)
+    runner = MropeRunner(model, GRIDS)
     ids = prompt(5, [4, 6])
     a, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
     b, _ = runner.prefill([(1, ids, 0, len(ids), [70])])

@@ -171,7 +171,7 @@ def test_kv_cache_kinds_default_to_full_attention_and_keep_one_order() -> None:
     caps = ModelCapabilities.from_mapping({"kv_cache_kinds": ["sliding_window", "full_attention"]}, owner="t")
     assert caps.kv_cache_kinds == ("full_attention", "sliding_window")
     schema = ModelCapabilities.json_schema()["properties"]["kv_cache_kinds"]
-    assert schema["items"]["enum"] == ["full_attention", "sliding_window", "mla", "recurrent_state"]
+    assert schema["items"]["enum"] == ["full_attention", "sliding_window", "mla", "recurrent_state", "cross_attention"]
 
 
 def test_unknown_class_capability_keys_are_ignored() -> None:

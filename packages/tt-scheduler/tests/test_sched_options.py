@@ -70,8 +70,33 @@ def test_unsupported_vllm_features_are_refused() -> None:
 
     vllm_config = build_vllm_config(SimConfig())
     vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
-    with pytest.raises(ValueError, match="kv_transfer_config is not supported"):
+    with pytest.raises(ValueError, match="KV connector ExampleConnector is not supported"):
         check_vllm_config(vllm_config, Options(), 64)
+    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both")
+    check_vllm_config(vllm_config, Options(), 64)  # its per-pass metadata merges (carry.py)
+
+
+def test_a_discarded_pass_hands_its_kv_connector_jobs_on() -> None:
+    """An empty prefill pass may plan a load (a request now waiting for it) or stores; the pass
+    that runs instead carries them, or the request would wait for good."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingConnectorMetadata,
+        TransferJob,
+    )
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm_tt_scheduler.carry import carry_over
+
+    def output(meta: OffloadingConnectorMetadata) -> SchedulerOutput:
+        out = SchedulerOutput.make_empty()
+        out.kv_connector_metadata = meta
+        return out
+
+    load, store = TransferJob("a", None, None), TransferJob("b", None, None)  # type: ignore[arg-type]
+    discarded = output(OffloadingConnectorMetadata(load_jobs={1: load}, store_jobs={}, jobs_to_flush={4}))
+    kept = output(OffloadingConnectorMetadata(load_jobs={}, store_jobs={2: store}))
+    merged = carry_over(discarded, kept).kv_connector_metadata
+    assert isinstance(merged, OffloadingConnectorMetadata)
+    assert (merged.load_jobs, merged.store_jobs, merged.jobs_to_flush) == ({1: load}, {2: store}, {4})
 
 
 def test_speculative_decoding_is_accepted() -> None:

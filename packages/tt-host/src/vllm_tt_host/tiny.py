@@ -32,6 +32,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "gemma4": "Gemma4ForCausalLM",
+    "gemma4_e": "Gemma4ForCausalLM",
+    "gemma4_moe": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
@@ -65,6 +67,34 @@ _COMMON_DIMS: dict[str, Any] = {
     "num_key_value_heads": 2,
     "max_position_embeddings": MAX_POSITIONS,
 }
+
+# Gemma 4 text shape (E2B-like KV, no per-layer embeddings or experts): sliding layers of
+# 2 KV heads x 32 and full layers of their own head size (global_head_dim 64) with one KV
+# head whose values are its keys (attention_k_eq_v), proportional rope on a quarter of the
+# full head, and the last two layers (one of each kind) reading the KV of the last earlier
+# layer of their kind (num_kv_shared_layers). Both kinds cost 64 values per token, so
+# vLLM's hybrid manager pools them without resizing blocks.
+_GEMMA4: dict[str, Any] = {
+    "rms_norm_eps": 1e-6,
+    "num_hidden_layers": 6,
+    "head_dim": 32,
+    "global_head_dim": 64,
+    "num_global_key_value_heads": 1,
+    "attention_k_eq_v": True,
+    "num_kv_shared_layers": 2,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                    "sliding_attention", "sliding_attention", "full_attention"],
+    "sliding_window": 32,
+    "final_logit_softcapping": 30.0,
+    "hidden_size_per_layer_input": 0,
+    "vocab_size_per_layer_input": TOKENIZER_VOCAB,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    },
+}
+
 
 _ARCH_CONFIG: dict[str, dict[str, Any]] = {
     # Llama 3.x shape: llama3 rope scaling (all three frequency bands are hit at head_dim 32
@@ -119,32 +149,15 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
         },
     },
-    # Gemma 4 text shape (E2B-like KV, no per-layer embeddings or experts): sliding layers of
-    # 2 KV heads x 32 and full layers of their own head size (global_head_dim 64) with one KV
-    # head whose values are its keys (attention_k_eq_v), proportional rope on a quarter of the
-    # full head, and the last two layers (one of each kind) reading the KV of the last earlier
-    # layer of their kind (num_kv_shared_layers). Both kinds cost 64 values per token, so
-    # vLLM's hybrid manager pools them without resizing blocks.
-    "gemma4": {
-        "rms_norm_eps": 1e-6,
-        "num_hidden_layers": 6,
-        "head_dim": 32,
-        "global_head_dim": 64,
-        "num_global_key_value_heads": 1,
-        "attention_k_eq_v": True,
-        "num_kv_shared_layers": 2,
-        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
-                        "sliding_attention", "sliding_attention", "full_attention"],
-        "sliding_window": 32,
-        "final_logit_softcapping": 30.0,
-        "hidden_size_per_layer_input": 0,
-        "vocab_size_per_layer_input": TOKENIZER_VOCAB,
-        "tie_word_embeddings": True,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
-        },
-    },
+    "gemma4": _GEMMA4,
+    # Gemma 4 E-series shape (E2B / E4B): the gemma4 layers plus per-layer input embeddings
+    # (16 values per layer and token, from their own table and from the embeddings) and the
+    # KV-shared layers' double-wide MLP.
+    "gemma4_e": {**_GEMMA4, "hidden_size_per_layer_input": 16, "use_double_wide_mlp": True},
+    # Gemma 4 mixture-of-experts shape (26B-A4B): the gemma4 layers, each with a routed block of
+    # 4 experts (top-2, 64 wide) beside its dense MLP.
+    "gemma4_moe": {**_GEMMA4, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                   "moe_intermediate_size": 64},
     # GPT-OSS shape: a sliding layer then a full one (window 32 < TRAIN_SEQ_LEN, so training
     # uses the window), 4 experts routed top-2, YaRN with the real model's betas and no
     # truncation (its ramp falls inside the head), attention sinks and biases, float32.
@@ -297,8 +310,8 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
 
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-        "gemma4": "gemma4_text", "gpt_oss": "gpt_oss", "deepseek_v3": "deepseek_v3",
-        "qwen3_5": "qwen3_5_text",
+        "gemma4": "gemma4_text", "gemma4_e": "gemma4_text", "gemma4_moe": "gemma4_text", "gpt_oss": "gpt_oss",
+        "deepseek_v3": "deepseek_v3", "qwen3_5": "qwen3_5_text",
     }[arch]
     config = AutoConfig.for_model(
         model_type,

@@ -10,7 +10,7 @@ from vllm_tt_models_registry.errors import ContractError
 
 _FIX = "declare model_capabilities as a dict of the ModelCapabilities fields with those types"
 
-KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state")
+KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state", "cross_attention")
 """The KV cache kinds a model may hold: vLLM's full-attention, sliding-window, latent-attention
 (MLA) and recurrent-state (Mamba-family) specs."""
 
@@ -50,6 +50,14 @@ class ModelCapabilities:
     max_verify_tokens: int = 0
     """Longest verify step (``1 + K`` tokens per row) the model captures a trace for; 0: any.
     A ``num_speculative_tokens`` beyond it is refused at startup."""
+    supports_mtp: bool = False
+    """The model runs its checkpoint's multi-token-prediction module on the mesh
+    (``--speculative-config method mtp``): ``allocate_mtp_kv_cache(shape, dtype)`` gives the
+    module its KV pages (the target's layer shape, one page per target block) and makes the
+    target's steps keep their final hidden states on the device; ``mtp_forward(tokens,
+    start_pos, num_valid_tokens, page_table, kv_cache, num_drafts)`` reads them and returns
+    draft ids ``[B, num_drafts]``; ``mtp_layers`` says how many modules the loaded checkpoint
+    has (0: its MTP weights are absent)."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     pooling_model: bool = False
@@ -61,6 +69,15 @@ class ModelCapabilities:
     row ``[B, D]`` (a sequence classifier's logits, e.g. a cross-encoder reranker's score)
     instead of hidden states; served as vLLM's ``classify`` task (``/classify``, ``/score``,
     ``/rerank``)."""
+    supports_kv_transfer: bool = False
+    """``read_kv_blocks`` / ``write_kv_blocks`` copy KV blocks of any kind the model holds
+    between the mesh and host memory, asynchronously: what vLLM's KV offloading
+    (``--kv-offloading-size``) is served through."""
+    supports_pooling: bool = False
+    """A generation model that also runs prefill-only ``pool_forward`` (whole prompts, no KV
+    cache kept, returning the final-norm hidden states ``[B, L, H]``), so ``--runner pooling``
+    (vLLM's ``--convert embed``) serves it as an embedding model, e.g. Qwen3-Embedding with
+    vLLM's LAST pooling."""
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)
     """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
     needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""

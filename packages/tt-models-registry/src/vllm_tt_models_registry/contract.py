@@ -19,6 +19,9 @@ from vllm_tt_models_registry.errors import ContractError
 __all__ = [
     "CALLS",
     "IMAGE_KWARGS",
+    "CROSS_PAGE_TABLE_KWARG",
+    "KV_TRANSFER_HANDLE",
+    "KV_TRANSFER_METHODS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -135,6 +138,35 @@ class TTModelExtras(Protocol):
         the same ``tensor_idx`` share storage."""
         ...
 
+    def allocate_mtp_kv_cache(self, kv_cache_shape: tuple[int, ...], dtype: Any) -> Any:
+        """The multi-token-prediction module's paged KV (one target layer's page shape, one
+        page per target block); from then on the target's steps keep their final hidden states
+        on the device for ``mtp_forward``. Required when ``supports_mtp`` is declared."""
+        ...
+
+    def mtp_forward(self, tokens: Any, start_pos: Any, num_valid_tokens: Any, page_table: Any, kv_cache: Any,
+                    num_drafts: int, **kwargs: Any) -> Any:
+        """``num_drafts`` draft ids per row ``[B, num_drafts]`` from the MTP module, reading the
+        hidden states the last target step kept. Required when ``supports_mtp`` is declared."""
+        ...
+
+    def read_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any) -> Any:
+        """Start copying blocks ``block_ids`` (int, the lane's own ids) of decoder ``layers``
+        from lane ``lane``'s KV cache to host memory; returns at once with a handle (see
+        :data:`KV_TRANSFER_HANDLE`) whose ``result()`` is, per layer in ``layers`` order, the
+        layer's distinct cache tensors (K and V; one latent; a recurrent layer's states) each
+        indexed by block: ``[len(block_ids), ...]`` host tensors in the device's layout. The
+        copy runs in order with the programs already queued, so it sees their KV. Required
+        when ``supports_kv_transfer`` is declared."""
+        ...
+
+    def write_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any, pages: Any) -> Any:
+        """Start copying ``pages`` (what ``read_kv_blocks`` returned for the same ``layers``,
+        any blocks) into blocks ``block_ids`` of lane ``lane``'s KV cache; returns at once with
+        a handle whose ``result()`` is None once the blocks are on the device, before any
+        program queued after the call runs. Required when ``supports_kv_transfer`` is declared."""
+        ...
+
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         """Start a non-blocking readback of one decode submission: ``(host_out, events)``.
         Required when ``supports_async_decode`` is declared."""
@@ -192,7 +224,26 @@ an image inside the request's prefix-cache hit comes without data, an mRoPE mode
 its CPU-side keys such as ``image_grid_thw``). Qwen2.5-VL:
 ``pixel_values`` ``[patches, C*T*P*P]`` (uint8 unless ``--mm-device-do-normalize false``) and
 ``image_grid_thw`` int64 ``[3]``, ``(t, h, w)`` in patches. Gemma 3: ``pixel_values``
-``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``."""
+``[crops, C, H, W]`` and ``num_patches``. Mistral 3: ``pixel_values`` ``[C, H, W]``.
+Qwen3-VL: as Qwen2.5-VL; its DeepStack features (added at the image positions after the first
+decoder layers) are not sent: the model computes them with its own tower from these inside
+``prefill_forward`` and hands them to those layers itself (the host reference carries them in
+the row's ``PrefillInserts.layer_adds``)."""
+
+CROSS_PAGE_TABLE_KWARG = "cross_page_table"
+"""``prefill_forward``'s and ``decode_forward``'s argument for a model declaring the
+``cross_attention`` KV kind (an encoder-decoder model: Llama 3.2 Vision): int32 ``[rows, width]``
+like ``page_table`` (prefill: call order; decode: slot order), each row's blocks of its encoder
+states (vLLM's ``CrossAttentionSpec`` group; empty for a request without images). tt-metal's
+Mllama takes it under this name."""
+
+KV_TRANSFER_HANDLE = ("done", "result")
+"""What ``read_kv_blocks`` / ``write_kv_blocks`` return: an object with ``done() -> bool``
+(the copy completed; never blocks) and ``result()`` (blocks until it did, then gives its
+value or raises its error), like a ``concurrent.futures.Future``."""
+
+KV_TRANSFER_METHODS: tuple[str, ...] = ("read_kv_blocks", "write_kv_blocks")
+"""The members ``supports_kv_transfer`` requires."""
 
 ROPE_DELTAS_KWARG = "rope_deltas_all_users"
 """``decode_forward``'s mRoPE argument: ``list[int]`` of length ``max_batch_size``, slot order
@@ -259,7 +310,7 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", *IMAGE_KWARGS),
+                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS),
         ),
         CallShape(
             "decode_forward",
@@ -272,7 +323,7 @@ CALLS: Mapping[str, CallShape] = {
                 "read_from_device",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "reset_batch", ROPE_DELTAS_KWARG, VERIFY_KWARG),
+                       "reset_batch", CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG),
         ),
         CallShape(
             "get_max_tokens_all_users",
@@ -289,6 +340,11 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("pool_forward", keywords=("tokens", "prompt_lens", "enable_trace"), sometimes=("token_type_ids",)),
         CallShape("warmup_model_pool", keywords=("shapes", "enable_trace")),
         CallShape("allocate_kv_cache_per_layer", ("per_layer_specs",)),
+        CallShape("allocate_mtp_kv_cache", ("kv_cache_shape", "dtype")),
+        CallShape("mtp_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
+                                           "num_drafts")),
+        CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
+        CallShape("write_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids", "pages")),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
         CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
@@ -343,6 +399,8 @@ def check_model_class(
     except ContractError as exc:
         raise ContractError(owner, f"class {name}.{exc.problem}", exc.fix) from exc
     required, kind = (POOLING_REQUIRED_METHODS, "pooling") if capabilities.pooling_model else (REQUIRED_METHODS, "")
+    if capabilities.supports_pooling:
+        required, kind = (*required, "pool_forward"), "supports_pooling"
     for member in required:
         if member == "allocate_kv_cache" and callable(
             getattr(model_cls, "allocate_kv_cache_per_layer", None)
@@ -366,11 +424,25 @@ def check_model_class(
                 owner,
                 why="it declares supports_sample_on_device",
             )
+    if capabilities.supports_mtp and not all(callable(getattr(model_cls, m, None))
+                                             for m in ("allocate_mtp_kv_cache", "mtp_forward")):
+        raise ContractError(
+            owner, f"class {name} declares supports_mtp but lacks allocate_mtp_kv_cache() or mtp_forward()",
+            f"implement {CALLS['allocate_mtp_kv_cache'].render()} and {CALLS['mtp_forward'].render()}, "
+            "or drop the capability",
+        )
     if capabilities.supports_async_decode and not callable(getattr(model_cls, "read_decode_output", None)):
         raise ContractError(
             owner,
             f"class {name} declares supports_async_decode but has no method read_decode_output()",
             f"implement {CALLS['read_decode_output'].render()} or drop the capability",
+        )
+    missing = [m for m in KV_TRANSFER_METHODS if not callable(getattr(model_cls, m, None))]
+    if capabilities.supports_kv_transfer and missing:
+        raise ContractError(
+            owner,
+            f"class {name} declares supports_kv_transfer but has no method {missing[0]}()",
+            f"implement {' and '.join(CALLS[m].render() for m in KV_TRANSFER_METHODS)} or drop the capability",
         )
     return capabilities
 

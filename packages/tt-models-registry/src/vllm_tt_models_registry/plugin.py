@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from vllm_tt_models_registry.encoder_decoder import mark_encoder_decoder_configs
 from vllm_tt_models_registry.envs import ENV_VARS, TT_MESH_BACKEND
 from vllm_tt_models_registry.registry import TTModelRegistry, load_registry
 
@@ -25,8 +26,10 @@ def register(environ: Mapping[str, str] | None = None) -> TTModelRegistry | None
     """Build the registry for ``TT_MESH_BACKEND`` and register it with vLLM.
 
     Returns the registry, or None when this process already registered the same environment.
+    The encoder-decoder configs (``encoder_decoder``) are marked first, before vLLM reads a config.
     """
     global _registered_for
+    mark_encoder_decoder_configs()
     env = os.environ if environ is None else environ
     key = tuple((var.name, env.get(var.name, "")) for var in ENV_VARS)
     if key == _registered_for:

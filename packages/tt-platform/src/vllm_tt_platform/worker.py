@@ -7,6 +7,12 @@ import time
 from typing import Any
 
 from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer import (
+    ensure_kv_transfer_initialized,
+    ensure_kv_transfer_shutdown,
+    get_kv_transfer_group,
+    has_kv_transfer_group,
+)
 from vllm.distributed.parallel_state import (
     ensure_model_parallel_initialized,
     init_distributed_environment,
@@ -19,6 +25,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_tt_platform.config import data_parallel
 from vllm_tt_platform.config.setup import resolve_setup
+from vllm_tt_platform.config.startup_checks import serves_pooling
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.mesh import peer_watch
 from vllm_tt_platform.mesh.backend import make_backend
@@ -44,7 +51,7 @@ class TTWorker(WorkerBase):
         )
         ensure_model_parallel_initialized(1, 1)
         self.mesh_device = self.backend.open(self.setup.topology.mesh)
-        runner_cls = TTPoolingRunner if self.setup.capabilities.pooling_model else TTModelRunner
+        runner_cls = TTPoolingRunner if serves_pooling(self.vllm_config) else TTModelRunner
         self._runner = runner_cls(self.vllm_config, self.setup, self.mesh_device)
         watch = data_parallel.peer_watch(self.vllm_config)
         if watch is not None:
@@ -85,7 +92,14 @@ class TTWorker(WorkerBase):
         return self.runner.reserve_kv_blocks()
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        ensure_kv_transfer_initialized(self.vllm_config, kv_cache_config)  # no-op without a KV connector
         self.runner.initialize_kv_cache(kv_cache_config)
+
+    def get_kv_connector_handshake_metadata(self) -> dict[tuple[int, int], Any] | None:
+        """What vLLM's KV connector of this worker tells its peers, keyed by (pp rank, tp rank):
+        a TT engine is one rank of each."""
+        metadata = get_kv_transfer_group().get_handshake_metadata() if has_kv_transfer_group() else None
+        return None if metadata is None else {(0, 0): metadata}
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         start = time.perf_counter()
@@ -154,6 +168,7 @@ class TTWorker(WorkerBase):
     def shutdown(self) -> None:
         if self._runner is not None:
             self._runner.close()
+        ensure_kv_transfer_shutdown()
         if self.mesh_device is not None:
             self.backend.close(self.mesh_device)
             self.mesh_device = None

@@ -4,11 +4,14 @@ Every call to vLLM's ``schedule()`` hands over, and then forgets, the ids of req
 finished or preempted since the last call, the encoder cache entries freed, and a
 few KV-manager queues. When a pass that scheduled nothing is replaced by the other
 phase's pass, dropping those leaves stale requests (and their device state) on the
-runner for good.
+runner for good. A KV connector's metadata is drained the same way (the loads and stores
+a pass planned, e.g. a load for a request that now waits for it): it is merged where its
+type is known (``MERGEABLE_CONNECTORS``); the scheduler refuses other connectors.
 """
 
 from __future__ import annotations
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata
 from vllm.v1.core.sched.output import SchedulerOutput
 
 from vllm_tt_scheduler.compat import encoder_input_updates
@@ -32,4 +35,23 @@ def carry_over(discarded: SchedulerOutput, kept: SchedulerOutput) -> SchedulerOu
         kept.new_block_ids_to_zero = discarded.new_block_ids_to_zero + (kept.new_block_ids_to_zero or [])
     if discarded.kv_cache_block_copies:
         kept.kv_cache_block_copies = discarded.kv_cache_block_copies + (kept.kv_cache_block_copies or [])
+    if discarded.kv_connector_metadata is not None:
+        kept.kv_connector_metadata = _merged_connector_metadata(discarded.kv_connector_metadata,
+                                                                kept.kv_connector_metadata)
     return kept
+
+
+MERGEABLE_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
+"""vLLM KV connectors whose per-pass metadata ``carry_over`` merges."""
+
+
+def _merged_connector_metadata(discarded: object, kept: object) -> OffloadingConnectorMetadata:
+    """The offloading connector's jobs of both passes (job ids are unique per scheduler)."""
+    if not isinstance(discarded, OffloadingConnectorMetadata) or not isinstance(kept, OffloadingConnectorMetadata):
+        raise TypeError(f"cannot merge KV connector metadata {type(discarded).__name__} into {type(kept).__name__}")
+    flush = (discarded.jobs_to_flush or set()) | (kept.jobs_to_flush or set())
+    return OffloadingConnectorMetadata(
+        load_jobs={**discarded.load_jobs, **kept.load_jobs},
+        store_jobs={**discarded.store_jobs, **kept.store_jobs},
+        jobs_to_flush=flush or None,
+    )

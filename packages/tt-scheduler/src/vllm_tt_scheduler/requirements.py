@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_tt_scheduler.carry import MERGEABLE_CONNECTORS
 from vllm_tt_scheduler.options import SchedulerOptions
 
 
@@ -22,12 +23,18 @@ def check_vllm_config(vllm_config: Any, options: SchedulerOptions, max_step_toke
     per-request chunk limit (``long_prefill_token_threshold``) is unset, it is set to
     that trace length, so vLLM never schedules a longer chunk.
     """
-    for name in ("kv_transfer_config", "ec_transfer_config"):
-        if getattr(vllm_config, name, None) is not None:
-            raise ValueError(
-                f"{name} is not supported by the TT phase scheduler (its connector "
-                f"state is built per scheduling pass); remove --{name.replace('_', '-')}"
-            )
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    if kv is not None and kv.kv_connector not in MERGEABLE_CONNECTORS:
+        raise ValueError(
+            f"KV connector {kv.kv_connector} is not supported by the TT phase scheduler (its "
+            f"connector state is built per scheduling pass, and a discarded pass's metadata can be "
+            f"merged only for {', '.join(MERGEABLE_CONNECTORS)}); remove --kv-transfer-config"
+        )
+    if getattr(vllm_config, "ec_transfer_config", None) is not None:
+        raise ValueError(
+            "ec_transfer_config is not supported by the TT phase scheduler (its connector "
+            "state is built per scheduling pass); remove --ec-transfer-config"
+        )
     cap = options.prefill_chunk_cap
     if cap is None or cap >= max_step_tokens:
         return

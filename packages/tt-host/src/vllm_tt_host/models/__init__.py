@@ -19,8 +19,10 @@ from vllm_tt_host.models import (
     gpt_oss,
     llama,
     mistral3,
+    mllama,
     qwen2_5_vl,
     qwen3_5,
+    qwen3_vl,
 )
 from vllm_tt_host.models.frame.family import HostFamily, host_models, host_source
 
@@ -29,7 +31,9 @@ FAMILIES: tuple[HostFamily, ...] = (
     gemma3.FAMILY,
     gemma4.FAMILY,
     qwen2_5_vl.FAMILY,
+    qwen3_vl.FAMILY,
     mistral3.FAMILY,
+    mllama.FAMILY,
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,
     qwen3_5.FAMILY,

@@ -50,6 +50,8 @@ SURFACE: tuple[Entry, ...] = (
     Entry(W, "tests/e2e/test_async_overlap.py::test_overlap_stress_matches_overlap_off", ("async_scheduling",)),
     Entry(W, "tests/e2e/test_pooling_serve.py::test_each_input_alone_equals_transformers", ("runner",)),
     Entry(W, "tests/e2e/test_pooling_offline.py::test_mean_is_not_cls", ("pooler_config",)),
+    Entry(W, "tests/e2e/test_decoder_embedding_serve.py::test_each_input_alone_equals_transformers", ("convert",)),
+    Entry(W, "tests/e2e/test_decoder_rerank_serve.py::test_score_equals_transformers", ("hf_overrides",)),
     Entry(W, "packages/tt-platform/tests/test_metrics.py::test_only_the_serve_front_end_turns_metrics_on",
           ("disable_log_stats",)),
     Entry(W, ("tests/e2e/test_sampling_serve.py::"
@@ -63,11 +65,14 @@ SURFACE: tuple[Entry, ...] = (
           ("generation_config", "override_generation_config")),
     Entry(W, _KNOBS + "test_max_logprobs_bounds_requests_by_name", ("max_logprobs",)),
     Entry(W, _KNOBS + "test_high_priority_requests_start_first_on_a_saturated_server", ("scheduling_policy",)),
+    Entry(W, "tests/e2e/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
+          ("kv_offloading_size", "kv_offloading_backend")),
     # --- refused at startup ------------------------------------------------------------------
     Entry(R, _FEATURES, ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
-                         "data_parallel_backend", "kv_transfer_config", "enable_sleep_mode",
+                         "data_parallel_backend", "enable_sleep_mode",
                          "enable_prompt_embeds", "enable_lora")),
-    Entry(R, "vllm_tt_platform.config.startup_checks:check_runner", ("convert",)),
+    # every connector but vLLM's OffloadingConnector, which --kv-offloading-size selects
+    Entry(R, "vllm_tt_platform.config.startup_checks:check_kv_transfer", ("kv_transfer_config",)),
     Entry(R, _FEATURES, prefix="lora_"),
     Entry(R, _FEATURES, ("max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
                          "default_mm_loras", "specialize_active_lora", "enable_tower_connector_lora",
@@ -136,7 +141,7 @@ SURFACE: tuple[Entry, ...] = (
     Entry(G, "accepted, no TT test shows its effect", (
         "dtype", "quantization", "quantization_config", "allow_deprecated_quantization",
         "logprobs_mode", "skip_tokenizer_init",
-        "hf_overrides", "model_class_overrides", "model_impl", "logits_processors",
+        "model_class_overrides", "model_impl", "logits_processors",
         "io_processor_plugin", "load_format", "model_loader_extra_config", "pt_load_map_location",
         "disable_sliding_window", "return_sampling_mask", "enable_trace_replay",
         "max_num_scheduled_tokens", "max_num_active_seqs", "max_num_queued_reqs", "max_num_queued_tokens",
@@ -159,8 +164,8 @@ SURFACE: tuple[Entry, ...] = (
         "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size", "mamba_cache_mode",
         "enable_mamba_shared_prefix_checkpoint", "enable_mamba_cache_stochastic_rounding",
         "mamba_cache_philox_rounds", "replayssm_buffer_len", "use_replayssm")),
-    Entry(G, "KV / weight offloading to host memory: accepted, not implemented for the mesh KV cache", (
-        "kv_offloading_size", "kv_offloading_backend", "offload_backend", "cpu_offload_params",
+    Entry(G, "weight offloading to host memory: accepted, not implemented for the mesh's weights", (
+        "offload_backend", "cpu_offload_params",
         "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params")),
     Entry(G, "parallelism variants beyond -dp: not checked by the TT platform", (
         "dcp_q_replicate", "dcp_kv_cache_interleave_size",

@@ -22,11 +22,14 @@ from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
     apply_enforce_eager,
     check_capabilities,
+    check_encoder_decoder,
     check_environment,
+    check_kv_transfer,
     check_runner,
     check_speculation,
     check_vllm_features,
     restrict_modalities,
+    serves_pooling,
 )
 from vllm_tt_platform.config.step_cost import hand_step_cost
 from vllm_tt_platform.config.unimplemented import refuse_unimplemented
@@ -160,13 +163,16 @@ def configure(vllm_config: VllmConfig) -> None:
         and cli_flags.given("enable_prefix_caching"),
     )
     check_runner(vllm_config, caps, setup.model.arch)
+    check_encoder_decoder(vllm_config, caps, setup.model.arch)
+    check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
                     vllm_config.speculative_config.method)
+    pooling = serves_pooling(vllm_config)
     pooling_max_len = None
-    if caps.pooling_model:
+    if pooling:
         pooling_max_len = pooling_shapes_of(vllm_config, setup.config.pooling_shapes).max_length
         _prefill_only(vllm_config, pooling_max_len)
     request_checks.install(
@@ -185,6 +191,9 @@ def configure(vllm_config: VllmConfig) -> None:
         logger.info("Async scheduling off: speculative decoding (%s) proposes drafts between steps.",
                     vllm_config.speculative_config.method)
         scheduler.async_scheduling = False
+    if scheduler.async_scheduling and pooling:
+        logger.info("Async scheduling off: a pooling step has no decode to overlap.")
+        scheduler.async_scheduling = False
     if scheduler.async_scheduling and not caps.supports_async_decode:
         logger.info("Async scheduling off: %s does not declare supports_async_decode.", setup.model.arch)
         scheduler.async_scheduling = False
@@ -201,7 +210,7 @@ def configure(vllm_config: VllmConfig) -> None:
 
     hf_config = vllm_config.model_config.hf_config
     hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures or []]
-    if caps.prefill_trace_lens:
+    if caps.prefill_trace_lens and not pooling:  # pooling prompts run whole, at pool shapes
         record_prefill_trace_lens(tt, caps.prefill_trace_lens)
     if setup.config.step_cost is not None:
         hand_step_cost(tt, setup.config.step_cost, hf_config, setup.topology)
@@ -213,7 +222,7 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
     # A pooling prompt runs whole; a generation model chunks unless the user turned it off
     # (vLLM's own default is on: off is always the user's choice).
-    scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not caps.pooling_model
+    scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not pooling
 
 
 def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
+from vllm_tt_platform.config.kv_transfer import SPEC_KEYS, resolved_kv_transfer, select_spec
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import SpeculativeConfig, VllmConfig
 
 TT_DEVICE_NAMES = ("", "tt")
 
@@ -74,12 +75,6 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
         raise TTUnsupportedFeatureError(
             "--enable-lora", True, "off", "remove --enable-lora; LoRA adapters are not supported on TT",
         )
-    if vllm_config.kv_transfer_config is not None:
-        raise TTUnsupportedFeatureError(
-            "--kv-transfer-config", "set", "unset",
-            "remove --kv-transfer-config; vLLM's KV connectors copy blocks in vLLM's own tensor layout, "
-            "while the TT KV cache lives on the mesh in the model's (one server prefills and decodes)",
-        )
     model = vllm_config.model_config
     if model is None:
         return
@@ -88,10 +83,6 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
             "--enable-sleep-mode", True, "off",
             "remove --enable-sleep-mode; the weights and KV cache live on the mesh in the model's own "
             "buffers, which cannot be released and restored (restart the server to free the mesh)",
-        )
-    if model.is_encoder_decoder:
-        raise TTUnsupportedFeatureError(
-            "--model", model.model, "a decoder-only model", "encoder-decoder models are not supported on TT",
         )
     if getattr(model, "enable_prompt_embeds", False):
         raise TTUnsupportedFeatureError(
@@ -120,23 +111,42 @@ def apply_enforce_eager(vllm_config: VllmConfig, tt: MutableMapping[str, Any]) -
     return "--enforce-eager: trace_mode none (no traces are captured; every program runs eagerly)."
 
 
+def check_encoder_decoder(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """vLLM serves an encoder-decoder model (its config says ``is_encoder_decoder``) with a
+    cross-attention KV group and the encoder inputs on the first prefill; a TT model takes that
+    only when it declares the ``cross_attention`` KV kind (its ``cross_page_table``)."""
+    model = vllm_config.model_config
+    if model is not None and model.is_encoder_decoder and "cross_attention" not in caps.kv_cache_kinds:
+        raise TTUnsupportedFeatureError(
+            "--model", model.model, "a decoder-only model, or one whose TT class declares the cross_attention "
+            "KV kind", f"{arch} does not read a cross-attention KV cache; serve a decoder-only model",
+        )
+
+
 def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
-    """``--runner pooling`` needs a TT pooling model (``pooling_model``), and a pooling model
-    serves nothing else; vLLM's ``--convert`` adapters wrap torch modules, which TT models are not."""
+    """``--runner pooling`` needs a TT pooling model (``pooling_model``) or a generation model
+    that runs pooling programs (``supports_pooling``: vLLM's ``--convert embed``); a pooling
+    model serves nothing else. vLLM's ``--convert`` adapters wrap torch modules, which TT models
+    are not: the TT class itself is the embedding model or the classifier."""
     model = vllm_config.model_config
     runner = model.runner_type
     convert = getattr(model, "convert_type", "none")
-    if convert not in ("none", "auto"):  # first: vLLM turns --convert into --runner pooling
+    served = {"none", "auto"} | ({"embed"} if caps.supports_pooling else set()) | (
+        {"classify"} if caps.pooled_outputs else set())
+    if convert not in served:  # first: vLLM has already turned --convert into --runner pooling
         raise TTUnsupportedFeatureError(
-            "--convert", convert, "none (TT models are not torch modules vLLM can adapt)",
-            f"remove --convert; {arch} is served as it is (a TT pooling model with --runner pooling)",
+            "--convert", convert, ", ".join(sorted(served)) + f" for {arch}",
+            "remove --convert (--runner pooling serves a decoder as an embedding model); a reranker "
+            "from a causal LM is its own architecture: --hf-overrides '{\"architectures\": "
+            "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+            "\"is_original_qwen3_reranker\": true}' (docs/pooling.md)",
         )
-    if runner == "pooling" and not caps.pooling_model:
+    if runner == "pooling" and not (caps.pooling_model or caps.supports_pooling):
         raise TTUnsupportedFeatureError(
-            "--runner", runner, f"generate for {arch}, whose model_capabilities do not declare pooling_model",
-            "remove --runner pooling (and --convert): vLLM's --convert adapters wrap torch modules, which "
-            "TT models are not; serve a checkpoint with a TT pooling model instead (e.g. a BertModel "
-            "embedding checkpoint; docs/pooling.md)",
+            "--runner", runner, f"generate for {arch}, whose model_capabilities declare neither "
+            "pooling_model nor supports_pooling",
+            "remove --runner pooling (and --convert), or serve a checkpoint with a TT pooling model "
+            "(a BertModel embedding checkpoint, a Qwen3 decoder; docs/pooling.md)",
         )
     if runner != "pooling" and caps.pooling_model:
         raise TTUnsupportedFeatureError(
@@ -145,9 +155,59 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
         )
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+def check_kv_transfer(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str, lanes: int) -> None:
+    """A KV connector is served only when it is vLLM's ``OffloadingConnector`` with the TT
+    transfer handler, for a model that copies KV blocks to the host, on one lane; then the
+    handler is selected (``select_spec``). Every other connector copies blocks in vLLM's own
+    tensor layout (or through its own transfer engine), while the TT KV cache lives on the mesh
+    in the model's: refused here, by name, before any device work."""
+    kv = resolved_kv_transfer(vllm_config)
+    if kv is None:
+        return
+    connector = kv.kv_connector
+    if connector not in SERVED_CONNECTORS:
+        raise TTUnsupportedFeatureError(
+            "KV connector (--kv-transfer-config kv_connector / --kv-offloading-backend)", connector,
+            f"{', '.join(SERVED_CONNECTORS)} (--kv-offloading-size <GiB> with the native backend)",
+            "serve KV offloading with --kv-offloading-size <GiB> (--kv-offloading-backend native, "
+            "VLLM_USE_SIMPLE_KV_OFFLOAD unset); other connectors (P/D, LMCache, NIXL, shared storage) "
+            "read vLLM's GPU tensors, which the TT KV cache is not (docs/kv-offload.md)",
+        )
+    spec = kv.kv_connector_extra_config.get("spec_name", SPEC_KEYS["spec_name"])
+    if spec != SPEC_KEYS["spec_name"]:
+        raise TTUnsupportedFeatureError(
+            "--kv-transfer-config kv_connector_extra_config.spec_name", spec, SPEC_KEYS["spec_name"],
+            "remove spec_name and spec_module_path: the TT platform selects its own transfer handler",
+        )
+    if not caps.supports_kv_transfer:
+        raise TTUnsupportedFeatureError(
+            "--kv-offloading-size", "set", f"unset for {arch}, whose model_capabilities do not declare "
+            "supports_kv_transfer", "remove --kv-offloading-size, or serve a model whose contract implements "
+            "read_kv_blocks and write_kv_blocks",
+        )
+    if lanes > 1:
+        raise TTUnsupportedFeatureError(
+            "--kv-offloading-size with lanes (--data-parallel-size)", lanes, "1 lane",
+            "remove --data-parallel-size or --kv-offloading-size: the lane scheduler keeps one KV "
+            "pool per lane, vLLM's offloading connector one per engine",
+        )
+    select_spec(kv.kv_connector_extra_config)
+
+
+SERVED_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
+"""vLLM KV connectors the TT runner serves (``check_kv_transfer``)."""
+
+
+def serves_pooling(vllm_config: VllmConfig) -> bool:
+    """Whether this engine pools (``--runner pooling``) rather than generates."""
+    return vllm_config.model_config.runner_type == "pooling"
+
+
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp")
 """``--speculative-config`` methods the TT runner serves: vLLM's ``NgramProposer`` on the host,
-and a drafter checkpoint run as a second program on the mesh (``runner.draft_model``)."""
+a drafter checkpoint run as a second program on the mesh (``runner.draft_model``), and the
+checkpoint's own MTP module run by the model (``runner.mtp``; vLLM maps ``deepseek_mtp``,
+``qwen3_5_mtp``, ... to ``mtp``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
@@ -169,6 +229,8 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
             "remove --speculative-config",
         )
+    if vllm_config.speculative_config.method == "mtp":
+        _check_mtp(vllm_config.speculative_config, caps, arch)
     k = vllm_config.speculative_config.num_speculative_tokens or 0
     if caps.max_verify_tokens and 1 + k > caps.max_verify_tokens:
         raise TTConfigError(
@@ -176,6 +238,27 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             f"at most {caps.max_verify_tokens - 1} for {arch}, whose verify traces hold "
             f"{caps.max_verify_tokens} tokens per row (model_capabilities max_verify_tokens)",
             f"set num_speculative_tokens to {caps.max_verify_tokens - 1} or less",
+        )
+
+
+def _check_mtp(spec: SpeculativeConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``method: mtp`` needs a model class that runs MTP modules and a checkpoint config that
+    declares some (vLLM's ``n_predict``, from ``num_nextn_predict_layers`` /
+    ``mtp_num_hidden_layers``); the weights themselves are checked when the model loads."""
+    if not caps.supports_mtp:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config method", "mtp",
+            f"ngram or draft_model for {arch}, whose model_capabilities do not declare supports_mtp",
+            "use method ngram or draft_model, or serve a model whose class runs its MTP module (mtp_forward)",
+        )
+    draft = spec.draft_model_config
+    n_predict = getattr(draft.hf_config, "n_predict", None) if draft is not None else None
+    if not n_predict:
+        raise TTConfigError(
+            "--speculative-config method", "mtp",
+            f"a checkpoint with MTP layers; {spec.model}'s config declares none "
+            "(num_nextn_predict_layers / mtp_num_hidden_layers unset or 0)",
+            "use method ngram or draft_model, or serve a checkpoint that ships MTP weights and declares them",
         )
 
 

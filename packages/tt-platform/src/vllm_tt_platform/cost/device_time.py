@@ -7,7 +7,8 @@ backend replays it so host overhead and overlap can be measured without hardware
 * a fixed duration (``"25ms"``): every decode step and every prefill call takes that long;
 * a cost model (``"served"``, ``"llama-3.1-8b@N150"``, ...): decode streams the weights and the
   KV it reads from DRAM once per step, prefill is bound by matmul throughput, multi-chip meshes
-  pay a collective latency per layer, and a readback pays link latency plus bytes / bandwidth.
+  pay a collective latency per layer, and a readback (or a KV block copy to or from host
+  memory) pays link latency plus bytes / bandwidth.
 
 A mesh split into data-parallel lanes is costed per sub-mesh: each lane runs its own rows on its
 own sub-mesh, side by side, so a program over all lanes takes as long as its busiest lane.
@@ -19,6 +20,7 @@ prediction. The chosen durations are in the startup log.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +126,10 @@ MODEL_PROFILES: dict[str, ModelDims] = {
     "llama-3.1-8b": ModelDims(32, 4096, 14336, 32, 8, 128, 128256),
     "llama-3.3-70b": ModelDims(80, 8192, 28672, 64, 8, 128, 128256),
     "llama-3.2-1b": ModelDims(16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
+    # DeepSeek V3 as the dense model a decode step reads alike: its 37B active parameters of
+    # 671B (per layer ~0.61B: MLA projections and 8 + 1 of 256 experts), its latent KV of 576
+    # values per token and layer (one 288-wide "head" for K and V).
+    "deepseek-v3": ModelDims(61, 7168, 3450, 128, 1, 288, 129280),
 }
 """Named models to time instead of the served checkpoint (its math still runs, or is skipped)."""
 
@@ -136,6 +142,14 @@ class ProgramCosts:
     dims: ModelDims | None = None
     mesh: MeshCost | None = None
     description: str = ""
+
+    def with_layers(self, num_layers: int) -> ProgramCosts:
+        """The programs of ``num_layers`` of these layers and an own (untied) LM head: a
+        model's MTP module (one decoder block and its head) on the same mesh."""
+        if self.dims is None:
+            return self
+        dims = dataclasses.replace(self.dims, num_layers=num_layers, tied_embeddings=False)
+        return dataclasses.replace(self, dims=dims, description=f"{self.description}, {num_layers} layer(s) + head")
 
     def decode_s(self, context_tokens: int) -> float:
         """One decode step over the batch; ``context_tokens`` = KV positions read, all rows."""
@@ -161,9 +175,21 @@ class ProgramCosts:
         """One prefill row of ``tokens`` new positions after ``start`` cached ones."""
         if self.fixed_s is not None:
             return self.fixed_s
+        return self._compute_s(tokens, tokens * (start + tokens / 2))
+
+    def pool_s(self, batch: int, length: int) -> float:
+        """One pooling program at shape ``batch x length``: every row runs, padding included
+        (a fixed-shape program), each attending within its own row."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        return self._compute_s(batch * length, batch * length * length / 2)
+
+    def _compute_s(self, tokens: int, attended: float) -> float:
+        """A matmul-bound program over ``tokens`` positions whose queries attend to
+        ``attended`` (query, key) pairs in all."""
         dims, mesh = self._model()
         matmul = 2 * dims.streamed_params * tokens
-        attention = 4 * dims.num_layers * dims.num_heads * dims.head_dim * tokens * (start + tokens / 2)
+        attention = 4 * dims.num_layers * dims.num_heads * dims.head_dim * attended
         throughput = mesh.chip.matmul_flops * mesh.devices * mesh.matmul_efficiency
         return mesh.program_overhead_s + (matmul + attention) / throughput + self._collectives_s(dims, mesh)
 
@@ -171,6 +197,14 @@ class ProgramCosts:
         if self.mesh is None:
             return 0.0
         return self.mesh.link_latency_s + num_bytes / self.mesh.link_bytes_per_s
+
+    def kv_transfer_s(self, tokens: float) -> float:
+        """Copying the KV of ``tokens`` positions (over all layers; a share of the layers is a
+        fraction of a token) between the mesh and host memory, either way: the host link's
+        latency plus the bytes, in the device's KV format, over its bandwidth."""
+        if self.dims is None or self.mesh is None:
+            return 0.0
+        return self.readback_s(round(tokens * self.dims.kv_bytes_per_token))
 
     def _model(self) -> tuple[ModelDims, MeshCost]:
         if self.dims is None or self.mesh is None:

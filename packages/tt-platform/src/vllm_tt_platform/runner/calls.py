@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_tt_models_registry.contract import ROPE_DELTAS_KWARG, VERIFY_KWARG
+from vllm_tt_models_registry.contract import CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG
 
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, VerifyInputs
@@ -47,6 +47,8 @@ class PrefillCall:
             kwargs["return_all_logits"] = True
         if inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = inputs.page_tables_per_layer
+        if inputs.cross_page_table is not None:
+            kwargs[CROSS_PAGE_TABLE_KWARG] = inputs.cross_page_table
         kwargs.update(self.images)
         return kwargs
 
@@ -74,6 +76,8 @@ class DecodeCall:
             kwargs["reset_batch"] = self.reset_batch
         if self.inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = self.inputs.page_tables_per_layer
+        if self.inputs.cross_page_table is not None:
+            kwargs[CROSS_PAGE_TABLE_KWARG] = self.inputs.cross_page_table
         if self.sampling is not None:
             kwargs.update(self.sampling.to_contract_kwargs())
         if self.rope_deltas is not None:

@@ -2,15 +2,16 @@
 method, each proposing up to K tokens per row after every step.
 
 ``ngram`` is vLLM's own ``NgramProposer`` over each row's tokens, on the host; ``draft_model``
-is a drafter checkpoint run on the mesh (``draft_model.DraftModel``). Both return drafts the
-target verifies in the same fixed-shape verify steps.
+is a drafter checkpoint run on the mesh (``draft_model.DraftModel``); ``mtp`` is the target
+checkpoint's MTP module, run by the model on the mesh (``mtp.MtpDrafts``). All return drafts
+the target verifies in the same fixed-shape verify steps.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,26 @@ class Drafter(Protocol):
 
     def verified(self, req_id: str, drafted: int, accepted: int) -> None:
         """A verify step kept ``accepted`` of the row's ``drafted`` drafts."""
+        ...
+
+
+class PagedDrafter(Drafter, Protocol):
+    """A drafter with KV pages of its own on the mesh, one per target block (``draft_model``'s
+    drafter checkpoint, ``mtp``'s MTP module): its bytes join the target's KV budget."""
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+    def allocate(self, num_blocks: int, table_width: int, heads_per_device: Callable[[int], int]) -> None:
+        """Its pages, once vLLM has planned the target's blocks."""
+        ...
+
+    def narrow(self, max_model_len: int, table_width: int) -> None:
+        """vLLM shortened ``max_model_len`` to fit the KV cache (``update_max_model_len``)."""
+        ...
+
+    def describe(self, num_blocks: int | None = None) -> str:
+        """For the startup summary: where it runs and what its KV costs."""
         ...
 
 

@@ -44,6 +44,8 @@ class RunnerKV:
         """Blocks per lane, once vLLM has planned the cache (``allocate``)."""
         self.layout: KVLayout | None = None
         """Set by ``allocate``; kept only for a model that declared its spec (per-layer tables)."""
+        self.planned: KVLayout | None = None
+        """The layout vLLM planned, set by ``allocate`` for every model (KV transfers read it)."""
 
     @property
     def num_layers(self) -> int:
@@ -137,6 +139,7 @@ class RunnerKV:
         else the legacy ``allocate_kv_cache`` (every layer alike)."""
         layout = KVLayout.of(config, self.num_layers, self.heads_per_device, self.sharing(model_cls))
         self.num_blocks = config.num_blocks
+        self.planned = layout
         declared = self.declares_spec(model_cls)
         self.layout = layout if declared else None
         logger.info(

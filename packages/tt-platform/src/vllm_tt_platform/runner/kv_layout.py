@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
@@ -79,9 +80,14 @@ class KVGroup:
     recurrent: bool = False
     """A fixed-size per-request state (``MambaSpec``, e.g. Qwen 3.5's gated delta-net): one
     block per request (entry 0 of its table row), whatever its length."""
+    cross: bool = False
+    """Cross-attention (``CrossAttentionSpec``, an encoder-decoder model's): the blocks of the
+    request's encoder states (Mllama's vision keys), allocated once, sent as ``cross_page_table``."""
 
     @property
-    def kind(self) -> Literal["full", "sliding", "mla", "recurrent"]:
+    def kind(self) -> Literal["full", "sliding", "mla", "recurrent", "cross"]:
+        if self.cross:
+            return "cross"
         if self.recurrent:
             return "recurrent"
         if self.latent:
@@ -157,6 +163,15 @@ class KVLayout:
         return cls(tuple(groups), tuple(layers), shared)
 
     @property
+    def text_group(self) -> KVGroup:
+        """The group whose table is the contract's ``page_table``: the first over the text."""
+        return next(group for group in self.groups if not group.cross)
+
+    @property
+    def cross_group(self) -> KVGroup | None:
+        return next((group for group in self.groups if group.cross), None)
+
+    @property
     def uniform(self) -> bool:
         """Every layer has the same shape and dtype (tt-metal's legacy ``allocate_kv_cache``)."""
         return len({(layer.shape, layer.dtype) for layer in self.layers}) == 1
@@ -172,11 +187,11 @@ class KVLayout:
 def _layer_spec(spec: KVCacheSpec, name: str) -> AttentionSpec | MambaSpec:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         spec = spec.kv_cache_specs[name]
-    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, MambaSpec)):
+    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, MambaSpec, CrossAttentionSpec)):
         raise TTUnsupportedFeatureError(
             f"KV cache spec of {name}", type(spec).__name__,
-            "FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec or MambaSpec",
-            "declare full, sliding-window or latent attention or a recurrent state in get_kv_cache_spec()",
+            "FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec, MambaSpec or CrossAttentionSpec",
+            "declare full, sliding-window, latent or cross attention or a recurrent state in get_kv_cache_spec()",
         )
     return spec
 
@@ -200,6 +215,8 @@ def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
         return KVGroup(index, layers, spec.block_size, None, latent=True)
     if isinstance(spec, MambaSpec):
         return KVGroup(index, layers, spec.block_size, None, recurrent=True)
+    if isinstance(spec, CrossAttentionSpec):
+        return KVGroup(index, layers, spec.block_size, None, cross=True)
     # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every
     # block: to the runner it is a full group.
     return KVGroup(index, layers, spec.block_size, None)

@@ -9,11 +9,12 @@ from typing import Any, assert_never, cast
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     AsyncModelRunnerOutput,
     DraftTokenIds,
+    KVConnectorOutput,
     ModelRunnerOutput,
 )
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
@@ -28,9 +29,11 @@ from vllm_tt_platform.runner.batch import PersistentBatch
 from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.draft_model import DraftModel
-from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts
+from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts, PagedDrafter
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
+from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
+from vllm_tt_platform.runner.mtp import MtpDrafts
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
@@ -47,6 +50,8 @@ class _PendingStep:
 
     plan: StepPlan
     result: StepResult
+    kv_transfers: KVConnectorOutput | None = None
+    """What vLLM's KV connector reported for the step (``--kv-offloading-size``)."""
 
 
 def _not_run(call: str, what: str) -> RuntimeError:
@@ -82,11 +87,15 @@ class TTModelRunner:
         self.spec_settings = SpecSettings.of(vllm_config)
         self._spec: Speculation | None = None
         """Set by ``load_model`` when ``--speculative-config`` is given."""
-        self._draft_model: DraftModel | None = None
-        """``method: draft_model``: the drafter checkpoint on the mesh (its own KV pages)."""
+        self._paged_drafter: PagedDrafter | None = None
+        """``method: draft_model`` (the drafter checkpoint on the mesh) or ``mtp`` (the model's
+        MTP module): a drafter with KV pages of its own, one per target block."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
+        self.connector: StepConnector = NO_CONNECTOR
+        """vLLM's KV connector (KV offloading), set by ``initialize_kv_cache``."""
         self.overlap = overlap_for(
-            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+            # A KV connector reports every step's transfers in that step's output.
+            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling) and vllm_config.kv_transfer_config is None,
             supports_async_decode=setup.capabilities.supports_async_decode, decode_trace=self.decode_trace,
             sampling=self.sampling.steady,
             mesh_device=mesh_device, watch=self.device_watch,
@@ -109,8 +118,14 @@ class TTModelRunner:
         self.sampling.open_host_sampler(self.batch.num_slots)
         if self.spec_settings is not None:
             drafter: Drafter
-            if self.spec_settings.method == "draft_model":
-                drafter = self._draft_model = DraftModel(self.vllm_config, self.setup, self.mesh_device,
+            if self.spec_settings.method == "mtp":
+                layer_spec = next(iter(self.kv.spec(model_cls).values()))
+                if not isinstance(layer_spec, AttentionSpec):
+                    raise TypeError(f"{model_cls.__qualname__}: the first KV layer is not attention ({layer_spec})")
+                drafter = self._paged_drafter = MtpDrafts(self.vllm_config, self._model, layer_spec,
+                                                          self.spec_settings.num_tokens, self.batch.num_slots)
+            elif self.spec_settings.method == "draft_model":
+                drafter = self._paged_drafter = DraftModel(self.vllm_config, self.setup, self.mesh_device,
                                                          self.spec_settings.num_tokens)
             else:
                 drafter = NgramDrafts(self.vllm_config, self.spec_settings.num_tokens, self.batch.num_slots)
@@ -176,14 +191,14 @@ class TTModelRunner:
         return target_bytes + self.kv_budget().blocks * self._drafter_bytes_per_block()
 
     def _drafter_bytes_per_block(self) -> int:
-        return self._draft_model.bytes_per_block if self._draft_model is not None else 0
+        return self._paged_drafter.bytes_per_block if self._paged_drafter is not None else 0
 
     def describe_speculation(self) -> str:
         """The startup summary's speculation part: method, K, verify shape, drafter and its KV."""
         if self.spec_settings is None:
             return "off"
         topology = self.topology
-        drafter = self._draft_model.describe(self._num_blocks) if self._draft_model is not None else ""
+        drafter = self._paged_drafter.describe(self._num_blocks) if self._paged_drafter is not None else ""
         return self.spec_settings.describe(topology.lanes, topology.rows_per_lane,
                                            device_sampling=bool(self.setup.config.sample_on_device_mode),
                                            drafter=drafter)
@@ -192,15 +207,18 @@ class TTModelRunner:
         self._num_blocks = kv_cache_config.num_blocks
         self.table_width = self.kv.table_width(self.max_model_len, self.num_blocks)
         self._kv_cache = self.kv.allocate(self.model, self.model_cls, kv_cache_config)
-        if self._draft_model is not None:
-            self._draft_model.allocate(self.num_blocks, self.table_width, self.kv.heads_per_device)
+        if self._paged_drafter is not None:
+            self._paged_drafter.allocate(self.num_blocks, self.table_width, self.kv.heads_per_device)
+        self.connector = step_connector(self.vllm_config)
+        if self.kv.planned is not None:
+            self.connector.register(self.model, self._kv_cache, self.kv.planned, kv_cache_config)
 
     def update_max_model_len(self, max_model_len: int) -> None:
         """vLLM shortened ``max_model_len`` to fit the KV cache: narrow the block tables."""
         self.max_model_len = max_model_len
         self.table_width = self.kv.table_width(max_model_len, self.kv.num_blocks)
-        if self._draft_model is not None:
-            self._draft_model.narrow(max_model_len, self.table_width)
+        if self._paged_drafter is not None:
+            self._paged_drafter.narrow(max_model_len, self.table_width)
 
     def warm_up(self) -> None:
         """Compile every program, then capture the traces the trace mode asks for."""
@@ -244,8 +262,14 @@ class TTModelRunner:
         self.sampling.track(out, added, resumed, released)
         if self._spec is not None and released:
             self._spec.released(released)
+        self.connector.before_step(out)
         if out.total_num_scheduled_tokens == 0:
-            return EMPTY_MODEL_RUNNER_OUTPUT
+            return self.connector.idle_output(out)
+        with self.connector.step(out) as kv_transfers:
+            self._pending = self._run_step(out, kv_transfers)
+        return None
+
+    def _run_step(self, out: SchedulerOutput, kv_transfers: KVConnectorOutput | None) -> _PendingStep:
         plan = StepPlan.build(out, self.batch)
         drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
         decision = self.sampling.decide(plan, verify=bool(drafts))
@@ -259,8 +283,7 @@ class TTModelRunner:
             result = self._verify(calls, plan, sampling, drafts)
         else:
             result = self._decode(calls, plan, sampling)
-        self._pending = _PendingStep(plan, result)
-        return None
+        return _PendingStep(plan, result, kv_transfers)
 
     def _lanes_of_new(self, out: SchedulerOutput) -> dict[str, int]:
         """Lane of each new request, read from its first block id (lane-numbered blocks)."""
@@ -338,6 +361,8 @@ class TTModelRunner:
                 assert_never(result)
         if self._spec is not None:
             self._spec.produced(producing)
+        if pending.kv_transfers is not None:
+            output.kv_connector_output = pending.kv_transfers
         return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

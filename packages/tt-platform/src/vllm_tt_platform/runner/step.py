@@ -96,6 +96,8 @@ class PrefillInputs:
     page_tables_per_layer: list[torch.Tensor] | None = None
     """For a model that declared its KV spec: ``[decode_rows, width]`` per layer, rows in call
     order, then zero rows (the fixed warmup shape, so a captured trace can replay)."""
+    cross_page_table: torch.Tensor | None = None
+    """An encoder-decoder model's cross-attention group table, shaped as the per-layer ones."""
 
     @classmethod
     def build(cls, rows: list[ScheduledRow], table_width: int, blocks_per_lane: int,
@@ -112,11 +114,12 @@ class PrefillInputs:
         return cls(
             tokens=tokens,
             page_table=page_table(states, table_width, blocks_per_lane,
-                                  layout.groups[0] if layout is not None else None),
+                                  layout.text_group if layout is not None else None),
             prompt_lens=np.array(ends, dtype=np.int64),
             start_pos=np.array([r.state.num_computed_tokens for r in rows], dtype=np.int64),
             empty_slots=[r.state.slot for r in rows],
             page_tables_per_layer=per_layer,
+            cross_page_table=_cross_table(per_layer, layout),
         )
 
 
@@ -135,6 +138,8 @@ class DecodeInputs:
     page_table: torch.Tensor
     page_tables_per_layer: list[torch.Tensor] | None = None
     """For a model that declared its KV spec: ``[num_slots, width]`` per layer, by slot."""
+    cross_page_table: torch.Tensor | None = None
+    """An encoder-decoder model's cross-attention group table, by slot."""
 
     @classmethod
     def build(cls, rows: list[ScheduledRow], num_slots: int, table_width: int, blocks_per_lane: int,
@@ -150,7 +155,14 @@ class DecodeInputs:
         if layout is None:
             return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
         per_layer = page_tables_per_layer(by_slot, table_width, blocks_per_lane, layout)
-        return cls(tokens, start_pos, per_layer[layout.groups[0].layers[0]], per_layer)
+        return cls(tokens, start_pos, per_layer[layout.text_group.layers[0]], per_layer,
+                   _cross_table(per_layer, layout))
+
+
+def _cross_table(per_layer: list[torch.Tensor] | None, layout: KVLayout | None) -> torch.Tensor | None:
+    """The cross-attention group's table among ``per_layer`` (None without such a group)."""
+    cross = layout.cross_group if layout is not None else None
+    return None if per_layer is None or cross is None else per_layer[cross.layers[0]]
 
 
 @dataclass(frozen=True)

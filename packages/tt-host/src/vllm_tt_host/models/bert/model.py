@@ -30,11 +30,6 @@ from vllm_tt_host.models.frame.shapes import HostModelInputError, TraceKey
 from vllm_tt_host.models.frame.vllm_surface import VllmInspectionSurface
 
 
-def pool_trace(batch: int, length: int) -> TraceKey:
-    """The trace of one pooling program shape."""
-    return TraceKey("pool", length, batch, False)
-
-
 class HostBertModel(VllmInspectionSurface):
     """transformers' ``BertModel`` (bge-large, bge-m3's encoder shape) on the host mesh."""
 
@@ -78,7 +73,7 @@ class HostBertModel(VllmInspectionSurface):
             tokens = torch.full((batch, length), self.config.pad_token_id, dtype=torch.int64)
             self._encode(tokens, torch.full((batch,), length, dtype=torch.int64), None)
             if enable_trace:
-                self.mesh_device.capture_trace(pool_trace(batch, length))
+                self.mesh_device.capture_trace(TraceKey.pool(batch, length))
 
     def pool_forward(self, tokens: Any, prompt_lens: Any, enable_trace: bool = False,
                      token_type_ids: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -90,7 +85,7 @@ class HostBertModel(VllmInspectionSurface):
                 f"pool_forward of length {length} is longer than max_position_embeddings {self.config.max_positions}"
             )
         if enable_trace:
-            self.mesh_device.replay_trace(pool_trace(batch, length))
+            self.mesh_device.replay_trace(TraceKey.pool(batch, length))
         hidden = self._encode(tokens, lens, token_type_ids)
         if self.head is None:
             return hidden

@@ -10,17 +10,9 @@ import torch
 
 from vllm_tt_host.models.bert.config import EncoderConfig
 from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder
+from vllm_tt_host.models.frame.linear import Linear
 
 _PREFIXES = ("", "bert.")
-
-
-@dataclass(frozen=True)
-class Linear:
-    weight: torch.Tensor
-    bias: torch.Tensor
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 @dataclass(frozen=True)

@@ -11,5 +11,5 @@ FAMILY = HostFamily(
         "TTDeepseekV3ForCausalLM": "model:HostDeepseekV3ForCausalLM",
     },
     tiny=("deepseek_v3",),
-    capabilities={"TTDeepseekV3ForCausalLM": {**DECODER, "kv_cache_kinds": ["mla"]}},
+    capabilities={"TTDeepseekV3ForCausalLM": {**DECODER, "kv_cache_kinds": ["mla"], "supports_mtp": True}},
 )

@@ -76,6 +76,9 @@ class DeepseekV3Config(DecoderConfig):
     """Layers below this index have a dense MLP, the others routed + shared experts."""
     softmax_scale: float = field(kw_only=True)
     """``qk_head_dim ** -0.5``, times YaRN's ``mscale(factor, mscale_all_dim)`` squared."""
+    mtp_layers: int = field(default=0, kw_only=True)
+    """``num_nextn_predict_layers``: MTP modules after the last layer (``frame.mtp``, the host
+    serves at most one); 0 when only the first layers are kept (``n_layers``)."""
 
     def dense(self, layer: int) -> bool:
         return layer < self.first_k_dense_replace
@@ -96,12 +99,19 @@ class DeepseekV3Config(DecoderConfig):
         if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
             raise TTConfigError(f"{model}: first_k_dense_replace", dense, "an int >= 0", "check config.json")
         fields = common_fields(hf_config, shape, family=family, rope=rope, qk_norm=False)
+        mtp = getattr(hf_config, "num_nextn_predict_layers", 0) or 0
+        if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp not in (0, 1):
+            raise TTUnsupportedFeatureError(
+                f"{model}: num_nextn_predict_layers", mtp, "0 or 1 (one MTP module after the last layer)",
+                "set num_nextn_predict_layers to 1 (the host serves the first MTP module) or 0 in config.json",
+            )
         return cls(
             **fields | {"num_kv_heads": 1, "head_dim": mla.latent_dim},
             mla=mla,
             experts=experts,
             first_k_dense_replace=dense,
             softmax_scale=scale,
+            mtp_layers=0 if n_layers is not None else mtp,
         )
 
 

@@ -31,6 +31,7 @@ from vllm_tt_host.models.frame.checkpoint import (
 from vllm_tt_host.models.frame.decoder import HostDecoder
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM, layer_name
 from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.mtp import MtpModule
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
 
@@ -82,8 +83,11 @@ class DeepseekV3Decoder(HostDecoder):
         self.ds = config
         rope_dim = config.mla.qk_rope_head_dim
         rotary = RotaryEmbedding.of(config.rope, rope_dim)
-        self.rotaries = tuple(rotary for _ in range(config.num_layers))
         self._layers = tuple(_deepseek_layer(layer) for layer in weights.layers)
+        self.mtp = mtp if isinstance(weights, DeepseekV3Weights) and (mtp := weights.mtp) is not None else None
+        if self.mtp is not None:  # the MTP block is layer num_hidden_layers of the same math
+            self._layers += (_deepseek_layer(self.mtp.block),)
+        self.rotaries = tuple(rotary for _ in self._layers)
 
     def _rope(self, x: torch.Tensor, index: int, positions: torch.Tensor) -> torch.Tensor:
         """Rotate the rope part ``[T, heads, rope_dim]``; interleaved pairs are first gathered
@@ -128,7 +132,9 @@ class DeepseekV3Decoder(HostDecoder):
         k = torch.cat((k_nope, k_rope.expand(-1, self.config.num_heads, -1, -1)), dim=-1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.ds.softmax_scale)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
         a = _deepseek_layer(layer).attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         h = self._norm(x, layer.post_attention_norm)
@@ -144,6 +150,7 @@ class HostDeepseekV3ForCausalLM(HybridKVCausalLM):
     family: ClassVar[str] = "deepseek_v3"
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HybridKVCausalLM.model_capabilities, "kv_cache_kinds": ["mla"], "single_program_lanes": True,
+        "supports_mtp": True,
     }
     config_type = DeepseekV3Config
     decoder_type = DeepseekV3Decoder
@@ -162,50 +169,78 @@ class HostDeepseekV3ForCausalLM(HybridKVCausalLM):
         return {layer_name(layer): spec for layer in range(config.num_layers)}
 
     @staticmethod
-    def _layer_storage(shape: tuple[int, int, int, int]) -> list[torch.Tensor]:
+    def layer_storage(shape: tuple[int, int, int, int]) -> list[torch.Tensor]:
         latent = torch.zeros(shape)
         return [latent, latent]
 
 
+@dataclass(frozen=True)
+class DeepseekV3Weights(DecoderWeights):
+    mtp: MtpModule | None = field(default=None, kw_only=True)
+
+
 def load_deepseek_v3_weights(folder: Path, config: DeepseekV3Config) -> DecoderWeights:
     """Every tensor of ``config`` from ``folder`` as float32, under the names transformers
-    writes (routed experts saved one by one: ``mlp.experts.{e}.gate_proj``)."""
-    get = WeightFolder(folder).tensor
-    bias = config.qkv_bias
-    layers = []
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        lora = config.mla.q_lora_rank is not None
-        attention = MlaWeights(
-            q=QueryLora(
-                down=get(attn + "q_a_proj.weight"), norm=get(attn + "q_a_layernorm.weight"),
-                up=get(attn + "q_b_proj.weight"), down_bias=get(attn + "q_a_proj.bias") if bias else None,
-            ) if lora else get(attn + "q_proj.weight"),
-            kv_a=get(attn + "kv_a_proj_with_mqa.weight"),
-            kv_a_norm=get(attn + "kv_a_layernorm.weight"),
-            kv_b=get(attn + "kv_b_proj.weight"),
-            o=get(attn + "o_proj.weight"),
-            kv_a_bias=get(attn + "kv_a_proj_with_mqa.bias") if bias else None,
-            o_bias=get(attn + "o_proj.bias") if config.o_bias else None,
-        )
-        layers.append(DeepseekV3Layer(
-            input_norm=get(p + "input_layernorm.weight"),
-            attention=attention,
-            post_attention_norm=get(p + "post_attention_layernorm.weight"),
-            mlp=_dense(get, mlp) if config.dense(i) else RoutedExperts(
-                router=get(mlp + "gate.weight"),
-                correction_bias=get(mlp + "gate.e_score_correction_bias"),
-                experts=tuple(_dense(get, f"{mlp}experts.{e}.") for e in range(config.experts.num_experts)),
-                shared=_dense(get, mlp + "shared_experts.") if config.experts.n_shared_experts else None,
-            ),
-            index=i,
-        ))
+    writes (routed experts saved one by one: ``mlp.experts.{e}.gate_proj``), and the MTP
+    module's under vLLM's ``deepseek_mtp`` names when ``num_nextn_predict_layers`` is set."""
+    weights = WeightFolder(folder)
+    get = weights.tensor
+    layers = tuple(_load_layer(get, config, i) for i in range(config.num_layers))
     embed = get("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")
-    weights = DecoderWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight"), lm_head=lm_head)
-    _check_shapes(weights, config, folder)
-    return weights
+    mtp = _load_mtp(weights, config, embed) if config.mtp_layers else None
+    loaded = DeepseekV3Weights(embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head, mtp=mtp)
+    _check_shapes(loaded, config, folder)
+    return loaded
+
+
+def _load_mtp(weights: WeightFolder, config: DeepseekV3Config, embed: torch.Tensor) -> MtpModule | None:
+    """Module ``model.layers.{num_hidden_layers}``: ``enorm``, ``hnorm``, ``eh_proj``,
+    ``shared_head.{norm,head}``, an optional own ``embed_tokens`` and a decoder block; None
+    when the checkpoint ships no MTP weights (``method: mtp`` is then refused at startup)."""
+    index = config.num_layers
+    p = f"model.layers.{index}."
+    if p + "eh_proj.weight" not in weights:
+        return None
+    get = weights.tensor
+    return MtpModule(
+        index=index, embed=get(p + "embed_tokens.weight") if p + "embed_tokens.weight" in weights else embed,
+        enorm=get(p + "enorm.weight"), hnorm=get(p + "hnorm.weight"), eh_proj=get(p + "eh_proj.weight"),
+        block=_load_layer(get, config, index), norm=get(p + "shared_head.norm.weight"),
+        head=get(p + "shared_head.head.weight"),
+    )
+
+
+def _load_layer(get: Any, config: DeepseekV3Config, i: int) -> DeepseekV3Layer:
+    """Layer ``i``'s weights (the MTP block is layer ``num_hidden_layers``)."""
+    bias = config.qkv_bias
+    p = f"model.layers.{i}."
+    attn, mlp = p + "self_attn.", p + "mlp."
+    lora = config.mla.q_lora_rank is not None
+    attention = MlaWeights(
+        q=QueryLora(
+            down=get(attn + "q_a_proj.weight"), norm=get(attn + "q_a_layernorm.weight"),
+            up=get(attn + "q_b_proj.weight"), down_bias=get(attn + "q_a_proj.bias") if bias else None,
+        ) if lora else get(attn + "q_proj.weight"),
+        kv_a=get(attn + "kv_a_proj_with_mqa.weight"),
+        kv_a_norm=get(attn + "kv_a_layernorm.weight"),
+        kv_b=get(attn + "kv_b_proj.weight"),
+        o=get(attn + "o_proj.weight"),
+        kv_a_bias=get(attn + "kv_a_proj_with_mqa.bias") if bias else None,
+        o_bias=get(attn + "o_proj.bias") if config.o_bias else None,
+    )
+    return DeepseekV3Layer(
+        input_norm=get(p + "input_layernorm.weight"),
+        attention=attention,
+        post_attention_norm=get(p + "post_attention_layernorm.weight"),
+        mlp=_dense(get, mlp) if config.dense(i) else RoutedExperts(
+            router=get(mlp + "gate.weight"),
+            correction_bias=get(mlp + "gate.e_score_correction_bias"),
+            experts=tuple(_dense(get, f"{mlp}experts.{e}.") for e in range(config.experts.num_experts)),
+            shared=_dense(get, mlp + "shared_experts.") if config.experts.n_shared_experts else None,
+        ),
+        index=i,
+    )
 
 
 def _dense(get: Any, prefix: str) -> MlpWeights:

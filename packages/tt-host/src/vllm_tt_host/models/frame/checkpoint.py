@@ -97,40 +97,7 @@ def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "mod
     def get(name: str) -> torch.Tensor:
         return reader.tensor(name)
 
-    def maybe(name: str, wanted: bool) -> torch.Tensor | None:
-        return reader.tensor(name) if wanted else None
-
-    layers = []
-    for i in range(config.num_layers):
-        p = f"{prefix}layers.{i}."
-        attn = p + "self_attn."
-        mlp = p + "mlp."
-        layers.append(
-            LayerWeights(
-                input_norm=get(p + "input_layernorm.weight"),
-                attention=AttentionWeights(
-                    q=get(attn + "q_proj.weight"),
-                    k=get(attn + "k_proj.weight"),
-                    v=get(attn + "v_proj.weight"),
-                    o=get(attn + "o_proj.weight"),
-                    q_bias=maybe(attn + "q_proj.bias", config.qkv_bias),
-                    k_bias=maybe(attn + "k_proj.bias", config.qkv_bias),
-                    v_bias=maybe(attn + "v_proj.bias", config.qkv_bias),
-                    o_bias=maybe(attn + "o_proj.bias", config.o_bias),
-                    q_norm=maybe(attn + "q_norm.weight", config.qk_norm),
-                    k_norm=maybe(attn + "k_norm.weight", config.qk_norm),
-                ),
-                post_attention_norm=get(p + "post_attention_layernorm.weight"),
-                mlp=MlpWeights(
-                    gate=get(mlp + "gate_proj.weight"),
-                    up=get(mlp + "up_proj.weight"),
-                    down=get(mlp + "down_proj.weight"),
-                    gate_bias=maybe(mlp + "gate_proj.bias", config.mlp_bias),
-                    up_bias=maybe(mlp + "up_proj.bias", config.mlp_bias),
-                    down_bias=maybe(mlp + "down_proj.bias", config.mlp_bias),
-                ),
-            )
-        )
+    layers = [load_layer_weights(reader, f"{prefix}layers.{i}.", config) for i in range(config.num_layers)]
     embed = get(prefix + "embed_tokens.weight")
     weights = DecoderWeights(
         embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"),
@@ -138,6 +105,47 @@ def load_decoder_weights(folder: Path, config: DecoderConfig, prefix: str = "mod
     )
     _check_shapes(weights, config, folder)
     return weights
+
+
+def load_layer_weights(reader: WeightFolder, prefix: str, config: DecoderConfig,
+                       attention: str = "self_attn.", qk_norm: bool | None = None) -> LayerWeights:
+    """One decoder layer under ``prefix``: norms, the attention module named ``attention``
+    (Mllama's cross-attention layers name theirs ``cross_attn.``) and the gated MLP; ``qk_norm``
+    (default: the config's) reads per-head q and k norms."""
+
+    def get(name: str) -> torch.Tensor:
+        return reader.tensor(name)
+
+    def maybe(name: str, wanted: bool) -> torch.Tensor | None:
+        return reader.tensor(name) if wanted else None
+
+    attn = prefix + attention
+    mlp = prefix + "mlp."
+    qk_norm = config.qk_norm if qk_norm is None else qk_norm
+    return LayerWeights(
+        input_norm=get(prefix + "input_layernorm.weight"),
+        attention=AttentionWeights(
+            q=get(attn + "q_proj.weight"),
+            k=get(attn + "k_proj.weight"),
+            v=get(attn + "v_proj.weight"),
+            o=get(attn + "o_proj.weight"),
+            q_bias=maybe(attn + "q_proj.bias", config.qkv_bias),
+            k_bias=maybe(attn + "k_proj.bias", config.qkv_bias),
+            v_bias=maybe(attn + "v_proj.bias", config.qkv_bias),
+            o_bias=maybe(attn + "o_proj.bias", config.o_bias),
+            q_norm=maybe(attn + "q_norm.weight", qk_norm),
+            k_norm=maybe(attn + "k_norm.weight", qk_norm),
+        ),
+        post_attention_norm=get(prefix + "post_attention_layernorm.weight"),
+        mlp=MlpWeights(
+            gate=get(mlp + "gate_proj.weight"),
+            up=get(mlp + "up_proj.weight"),
+            down=get(mlp + "down_proj.weight"),
+            gate_bias=maybe(mlp + "gate_proj.bias", config.mlp_bias),
+            up_bias=maybe(mlp + "up_proj.bias", config.mlp_bias),
+            down_bias=maybe(mlp + "down_proj.bias", config.mlp_bias),
+        ),
+    )
 
 
 class WeightFolder:

@@ -8,9 +8,12 @@ wrong tokens rather than being hidden by a shortcut.
 Each layer has its own page table (hybrid KV: vLLM keeps one block table per KV cache group)
 and its own attention kind: full, or a sliding window that reads only the blocks its window
 reaches. Families whose layers differ in more than that (norms, activation, attention scale)
-subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...); a family
-whose layers are not all attention (Qwen 3.5's delta-net) overrides the layer stacks
-(``_prefill_layers``, ``_decode_layers``) and keeps the entry points and their contract.
+subclass and override the per-layer hooks (``_embed``, ``_norm``, ``_attend``, ...; Gemma 4's
+per-layer input embeddings through ``_per_layer_inputs``, which ``_finish_layer`` takes); a family
+with layers of another kind among its attention layers (Mllama's cross-attention) overrides one
+layer (``_prefill_layer``, ``_decode_layer``); one whose layers are not all attention (Qwen 3.5's
+delta-net) overrides the layer stacks (``_prefill_layers``, ``_decode_layers``) and keeps the
+entry points and their contract.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,9 @@ from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
 
+if TYPE_CHECKING:
+    from vllm_tt_host.models.frame.mtp import MtpModule
+
 
 @dataclass(frozen=True)
 class PrefillInserts:
@@ -48,6 +54,27 @@ class PrefillInserts:
     """...by these ``[m, hidden]`` (the projected image features, not scaled)."""
     blocks: torch.Tensor
     """``[end]``: each position's bidirectional block (-1: causal only); see ``paged_kv.visible``."""
+    layer_adds: tuple[torch.Tensor, ...] = ()
+    """DeepStack (Qwen3-VL): entry ``k`` ``[m, hidden]`` is added at ``index`` to the hidden
+    states leaving layer ``k``; the image features of the tower's middle blocks thus reach the
+    first ``len(layer_adds)`` layers. Prefill only: decode tokens are never image tokens."""
+
+
+@dataclass(frozen=True)
+class PrefillPass:
+    """One prefill row's pass as every layer reads it."""
+
+    start: int
+    n: int
+    """Real tokens from ``start``; the rest of the bucket is padding."""
+    positions: torch.Tensor
+    """``[bucket]``: the position of every query."""
+    query_pos: torch.Tensor
+    """``[1, bucket]``: the position each query's mask is cut at (padding: the last real one's)."""
+    last_block: int
+    """Blocks holding ``[0, start + n)``."""
+    block_size: int
+    inserts: PrefillInserts | None
 
 
 @dataclass(frozen=True)
@@ -87,6 +114,12 @@ class HostDecoder:
         self.rotaries = tuple(
             RotaryEmbedding.of(config.rope_of(i), config.head_dim_of(i)) for i in range(config.num_layers)
         )
+        self.mtp: MtpModule | None = None
+        """The checkpoint's MTP module, for families that load one (``frame.mtp``)."""
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
+        """``[T, hidden]`` of the last ``prefill`` (its real positions) or ``[B, hidden]`` of
+        the last ``decode``, when ``keep_hidden``."""
 
     @torch.no_grad()
     def prefill(
@@ -107,6 +140,7 @@ class HostDecoder:
         embeddings and lets blocks of positions attend both ways."""
         n = new_tokens.shape[0]
         x = self._prefill_layers(new_tokens, start, bucket, page_rows, lane_kv, inserts)
+        self._keep_hidden(x[:n])
         if all_positions:
             return self._logits(x[:n])
         return self._logits(x[n - 1 : n])[0]
@@ -117,34 +151,45 @@ class HostDecoder:
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
-        # Padding queries see what the last real one sees: their rows stay finite, unread.
-        query_pos = positions.clamp(max=end - 1)[None]
         ids = F.pad(new_tokens.long(), (0, bucket - n))
         size = paged_kv.block_size(lane_kv)
-        last_block = math.ceil(end / size)
-
         x = self._embed(ids)
-        blocks = None
         if inserts is not None:
             x[inserts.index] = inserts.vectors.to(x.dtype)
-            blocks = inserts.blocks
-        for index, (layer, (k_cache, v_cache), page_row) in enumerate(
-            zip(self.weights.layers, lane_kv, page_rows, strict=True)
-        ):
-            window = self.config.window(index)
-            first = paged_kv.first_block(torch.tensor([start]), window, size)
-            pages_used, key_pos = paged_kv.key_span(page_row[None], first, last_block - int(first), size)
-            mask = paged_kv.visible(key_pos, query_pos, window, blocks)
-            pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions[:n], size)
-            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, positions)
-            if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
-                paged_kv.write(k_cache, pages, offsets, k[:n])
-                paged_kv.write(v_cache, pages, offsets, v[:n])
-            keys = paged_kv.gather(k_cache, pages_used)
-            values = paged_kv.gather(v_cache, pages_used)
-            out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
-            x = self._finish_layer(x, out[0].transpose(0, 1), layer)
+        per_layer = self._per_layer_inputs(ids, x)
+        row = PrefillPass(
+            start=start, n=n, positions=positions,
+            # Padding queries see what the last real one sees: their rows stay finite, unread.
+            query_pos=positions.clamp(max=end - 1)[None], last_block=math.ceil(end / size), block_size=size,
+            inserts=inserts,
+        )
+        for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
+            layer_input = None if per_layer is None else per_layer[:, index]
+            x = self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input)
+            if inserts is not None and index < len(inserts.layer_adds):
+                x[inserts.index] += inserts.layer_adds[index].to(x.dtype)
         return x
+
+    def _prefill_layer(self, index: int, layer: LayerWeights, x: torch.Tensor, layer_kv: list[torch.Tensor],
+                       page_row: torch.Tensor, row: PrefillPass, layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer ``index`` of one prefill row: write its KV, attend, MLP (``layer_input``: the
+        layer's slice of ``_per_layer_inputs``)."""
+        k_cache, v_cache = layer_kv
+        n, size = row.n, row.block_size
+        window = self.config.window(index)
+        first = paged_kv.first_block(torch.tensor([row.start]), window, size)
+        pages_used, key_pos = paged_kv.key_span(page_row[None], first, row.last_block - int(first), size)
+        blocks = row.inserts.blocks if row.inserts is not None else None
+        mask = paged_kv.visible(key_pos, row.query_pos, window, blocks)
+        pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), row.positions[:n], size)
+        q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, row.positions)
+        if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
+            paged_kv.write(k_cache, pages, offsets, k[:n])
+            paged_kv.write(v_cache, pages, offsets, v[:n])
+        keys = paged_kv.gather(k_cache, pages_used)
+        values = paged_kv.gather(v_cache, pages_used)
+        out = self._attend(q.transpose(0, 1)[None], keys, values, mask[:, None], index)
+        return self._finish_layer(x, out[0].transpose(0, 1), layer, layer_input)
 
     @torch.no_grad()
     def decode(
@@ -159,34 +204,63 @@ class HostDecoder:
         write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
         step = DecodeRows.of(positions, kv, rows_per_lane)
-        return self._logits(self._decode_layers(self._embed(tokens.long()), step, page_tables, kv))
+        x = self._embed(tokens.long())
+        x = self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x))
+        self._keep_hidden(x)
+        return self._logits(x)
+
+    def _keep_hidden(self, x: torch.Tensor) -> None:
+        """With ``keep_hidden`` (an MTP module drafts from them), the last call's final hidden
+        states after the model's norm: what the target hands its MTP module."""
+        if self.keep_hidden:
+            self.last_hidden = self._norm(x, self.weights.norm)
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
-                       kv: list[LaneKV]) -> torch.Tensor:
-        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``."""
-        live, pos, size = step.live, step.pos, step.block_size
+                       kv: list[LaneKV], per_layer: torch.Tensor | None = None) -> torch.Tensor:
+        """The hidden states ``[B, hidden]`` after the last layer, from the embeddings ``x``
+        (and ``_per_layer_inputs`` of them)."""
         for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
-            window = self.config.window(index)
-            first = paged_kv.first_block(pos, window, size)
-            pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
-            mask = paged_kv.visible(key_pos, pos[:, None], window)
-            pages, offsets = paged_kv.locate(page_table, pos, size)
-            q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
-            keys, values = [], []
-            for lane, rows in enumerate(step.lanes):
-                k_cache, v_cache = kv[lane][index]
-                write = live[rows]
-                if self.config.kv_source(index) == index:
-                    paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
-                    paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
-                keys.append(paged_kv.gather(k_cache, pages_used[rows]))
-                values.append(paged_kv.gather(v_cache, pages_used[rows]))
-            out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
-            x = self._finish_layer(x, out[:, :, 0, :], layer)
+            layer_input = None if per_layer is None else per_layer[:, index]
+            x = self._decode_layer(index, layer, x, step, page_table, kv, layer_input)
         return x
+
+    def _decode_layer(self, index: int, layer: LayerWeights, x: torch.Tensor, step: DecodeRows,
+                      page_table: torch.Tensor, kv: list[LaneKV], layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer ``index`` of one decode step over every row (``layer_input`` as for
+        ``_prefill_layer``); a family overrides it for layers of another kind."""
+        return self.decode_layer(x, step, index, layer, page_table, [lane_kv[index] for lane_kv in kv], layer_input)
+
+    def decode_layer(self, x: torch.Tensor, step: DecodeRows, index: int, layer: LayerWeights,
+                     page_table: torch.Tensor, caches: Sequence[Sequence[torch.Tensor]],
+                     layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """One attention layer of a decode step: ``x [B, hidden]`` in and out, the layer's KV
+        ``caches`` one ``[K, V]`` per lane (an MTP module's block runs through here too): write
+        the live rows' KV, attend, MLP."""
+        live, pos, size = step.live, step.pos, step.block_size
+        window = self.config.window(index)
+        first = paged_kv.first_block(pos, window, size)
+        pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)
+        mask = paged_kv.visible(key_pos, pos[:, None], window)
+        pages, offsets = paged_kv.locate(page_table, pos, size)
+        q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, pos)
+        keys, values = [], []
+        for (k_cache, v_cache), rows in zip(caches, step.lanes, strict=True):
+            write = live[rows]
+            if self.config.kv_source(index) == index:
+                paged_kv.write(k_cache, pages[rows][write], offsets[rows][write], k[rows][write])
+                paged_kv.write(v_cache, pages[rows][write], offsets[rows][write], v[rows][write])
+            keys.append(paged_kv.gather(k_cache, pages_used[rows]))
+            values.append(paged_kv.gather(v_cache, pages_used[rows]))
+        out = self._attend(q[:, :, None, :], torch.cat(keys), torch.cat(values), mask[:, None], index)
+        return self._finish_layer(x, out[:, :, 0, :], layer, layer_input)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]
+
+    def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """``[T, layers, d]``: what each layer adds beside the residual stream, from the token
+        ids and their embeddings ``x`` (Gemma 4's per-layer input embeddings); ``None`` here."""
+        return None
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_norm_eps)
@@ -219,8 +293,11 @@ class HostDecoder:
             q, keys, values, attn_mask=mask, scale=self.config.head_dim**-0.5
         )
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``."""
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Output projection and MLP, each with its residual; ``attn`` is ``[T, heads, d]``,
+        ``per_layer_input`` this layer's slice of ``_per_layer_inputs`` (unused here)."""
         a = layer.attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         return x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)

@@ -15,7 +15,7 @@ from vllm_tt_host.models.frame.shapes import MAX_VERIFY_TOKENS, PREFILL_BUCKETS
 
 DECODER: Mapping[str, Any] = {
     "supports_sample_on_device": True, "supports_async_decode": True, "supports_prefix_caching": True,
-    "single_program_lanes": True, "supports_prompt_logprobs": True, "supports_verify_decode": True,
+    "supports_kv_transfer": True, "single_program_lanes": True, "supports_prompt_logprobs": True, "supports_verify_decode": True,
     "prefill_trace_lens": list(PREFILL_BUCKETS), "max_verify_tokens": MAX_VERIFY_TOKENS,
 }
 """What a decoder on the frame declares in ``model_capabilities`` (its non-default flags)."""

@@ -26,7 +26,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import DelayPoint
 
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models.frame import paged_kv, verify
+from vllm_tt_host.models.frame import mtp, paged_kv, verify
 from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
@@ -39,6 +39,7 @@ from vllm_tt_host.models.frame.inputs import (
     plan_prefill,
     prompt_history,
 )
+from vllm_tt_host.models.frame.kv_transfer import KVBlockCopies
 from vllm_tt_host.models.frame.lanes import LaneLayout
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.prompt_logits import all_position_logits
@@ -61,7 +62,7 @@ OPTIMIZATIONS: tuple[str | None, ...] = (None, "performance", "accuracy")
 """tt-metal precision presets; the host runs float32 for all of them."""
 
 
-class HostCausalLM(DecodeReader, VllmInspectionSurface):
+class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
     """A decoder-only LM on the host mesh backend; a family's subclass names the family and,
     where its config or layers differ, its ``config_type`` and ``decoder_type``."""
 
@@ -75,6 +76,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         "supports_sample_on_device": True,
         "supports_async_decode": True,
         "supports_prefix_caching": True,
+        "supports_kv_transfer": True,
         "single_program_lanes": True,
         "max_device_top_k": 32,
         "supports_device_penalties": True,
@@ -115,6 +117,10 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings,
         ), lanes.count)
         self.synthetic = SyntheticLM(self.config.vocab_size) if self.device.skip_math else None
+        self.retained: mtp.RetainedHidden | None = None
+        """The target's hidden states for its MTP module, once ``allocate_mtp_kv_cache`` ran."""
+        self.mtp_costs = self.costs.with_layers(1) if self.costs is not None and decoder.mtp is not None else None
+        """The MTP module's programs: one decoder block of the target's and its own head."""
 
     @property
     def max_batch_size(self) -> int:
@@ -219,6 +225,49 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
         return paged_kv.allocate(
             self.lanes.count, num_layers, (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         )
+
+    @staticmethod
+    def layer_storage(shape: tuple[int, int, int, int]) -> list[torch.Tensor]:
+        """One layer's ``[K, V]`` storage (a latent-attention model holds one tensor as both)."""
+        return paged_kv.allocate(1, 1, shape)[0][0]
+
+    # ---- multi-token prediction (``frame.mtp``) ----------------------------------------
+
+    @property
+    def mtp_layers(self) -> int:
+        """MTP modules the loaded checkpoint has (0: none; the host serves one)."""
+        return 0 if self.decoder.mtp is None else 1
+
+    def allocate_mtp_kv_cache(self, kv_cache_shape: tuple[int, ...], dtype: Any) -> list[LaneKV]:
+        """The MTP module's paged KV (the target's layer shape, one page per target block);
+        from now on the target's steps keep their hidden states for it."""
+        if self.decoder.mtp is None or self.synthetic is not None:
+            raise TTConfigError(
+                "--speculative-config method", "mtp",
+                "a checkpoint with MTP weights, served with model math",
+                "serve a checkpoint whose config sets num_nextn_predict_layers and ships its MTP weights "
+                "(and leave tt.host_skip_math off)",
+            )
+        check_kv_shape(kv_cache_shape, self.config.num_layers, self.config)  # one target layer's shape
+        self.retained = mtp.RetainedHidden()
+        self.decoder.keep_hidden = True
+        return mtp.allocate_mtp_kv(self, kv_cache_shape)
+
+    def mtp_forward(self, tokens: Any, start_pos: Any, num_valid_tokens: Any, page_table: Any, kv_cache: Any,
+                    num_drafts: int, **kwargs: Any) -> torch.Tensor:
+        """``num_drafts`` greedy drafts per row from the MTP module (``frame.mtp.mtp_forward``)."""
+        return mtp.mtp_forward(self, tokens, start_pos, num_valid_tokens, page_table, kv_cache, num_drafts)
+
+    def _retain_prefill(self, slot: int, start: int) -> None:
+        if self.retained is not None and self.decoder.last_hidden is not None:
+            self.retained.prefilled(slot, start, self.decoder.last_hidden)
+
+    def retain_decode(self, positions: torch.Tensor) -> None:
+        """After a decode (or verify) pass over every slot: keep each live row's hidden state."""
+        if self.retained is None or self.decoder.last_hidden is None:
+            return
+        for slot in (positions >= 0).nonzero().flatten().tolist():
+            self.retained.decoded(slot, int(positions[slot]), self.decoder.last_hidden[slot])
 
     # ---- warmup ------------------------------------------------------------------------
 
@@ -352,13 +401,14 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             last = torch.tensor([row.end - 1 for row in rows])
             logits = self.synthetic.logits(tokens[torch.arange(len(rows)), last], last)
         else:
-            logits = torch.stack([
-                self.decoder.prefill(
+            per_row = []
+            for i, row in enumerate(rows):
+                per_row.append(self.decoder.prefill(
                     tokens[i, row.start : row.end], row.start, row.bucket, [t[i] for t in tables],
                     kv_cache[row.lane], inserts=inserts[i],
-                )
-                for i, row in enumerate(rows)
-            ])
+                ))
+                self._retain_prefill(slots[i], row.start)
+            logits = torch.stack(per_row)
         self.slots.prefilled(slots)
         if sampling_params is None:
             return logits[:, None, :]
@@ -442,6 +492,7 @@ class HostCausalLM(DecodeReader, VllmInspectionSurface):
             logits = self.synthetic.logits(tokens, positions)
         else:
             logits = self.decoder.decode(tokens, positions, tables, kv_cache, self.lanes.rows_per_lane)
+            self.retain_decode(positions)
         if sampling_params is None:
             return logits[:, None, :]
         out = device_sample(logits, sampling_params, positions.clamp(min=0), prompt_tokens, output_tokens)

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm_tt_host.models.frame import paged_kv
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.inputs import check_kv_shape
 from vllm_tt_host.models.frame.paged_kv import LaneKV
@@ -101,15 +100,10 @@ class HybridKVCausalLM(HostCausalLM):
             raise HostModelInputError(f"every layer needs the same block_size, got {sorted(block_sizes)}")
         return [self._lane_cache(pages, layer_shapes) for _ in range(self.lanes.count)]
 
-    @staticmethod
-    def _layer_storage(shape: tuple[int, int, int, int]) -> list[torch.Tensor]:
-        """One storage slot's ``[K, V]`` (a latent-attention model holds one tensor as both)."""
-        return paged_kv.allocate(1, 1, shape)[0][0]
-
     def _lane_cache(
         self, pages: dict[int, tuple[int, int, int]], layer_shapes: list[tuple[int, tuple[int, int, int, int]]]
     ) -> LaneKV:
-        storage = {idx: self._layer_storage((blocks, 1, size, values)) for idx, (blocks, size, values) in pages.items()}
+        storage = {idx: self.layer_storage((blocks, 1, size, values)) for idx, (blocks, size, values) in pages.items()}
         views: dict[tuple[int, tuple[int, int, int, int]], list[torch.Tensor]] = {}
         for idx, shape in layer_shapes:
             views.setdefault((idx, shape), [t if t.shape == shape else t.view(shape) for t in storage[idx]])

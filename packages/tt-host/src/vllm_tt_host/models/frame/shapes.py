@@ -52,7 +52,7 @@ class TraceKey:
     """One captured program shape on one (sub-)mesh."""
 
     phase: str
-    """``"prefill"``, ``"decode"`` or ``"verify"``."""
+    """``"prefill"``, ``"decode"``, ``"verify"`` or ``"pool"``."""
     length: int
     """Padded tokens per row: the bucket for prefill, 1 for decode, ``1 + K`` for verify."""
     batch: int
@@ -67,6 +67,11 @@ class TraceKey:
     @classmethod
     def decode(cls, lane_batch: int, device_sampling: bool) -> TraceKey:
         return cls("decode", 1, lane_batch, device_sampling)
+
+    @classmethod
+    def pool(cls, batch: int, length: int) -> TraceKey:
+        """A pooling program: ``batch`` whole prompts padded to ``length`` (``pool_forward``)."""
+        return cls("pool", length, batch, False)
 
     @classmethod
     def verify(cls, lane_batch: int, width: int, device_sampling: bool = False) -> TraceKey:

@@ -104,5 +104,6 @@ def _verify_program(
             logits = model.synthetic.logits(column, positions)
         else:
             logits = model.decoder.decode(column, positions, tables, kv_cache, model.lanes.rows_per_lane)
+            model.retain_decode(positions)
         out[:, j] = logits.argmax(dim=-1) if sampled else logits
     return out

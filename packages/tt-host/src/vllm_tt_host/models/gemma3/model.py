@@ -153,13 +153,17 @@ class Gemma3Decoder(HostDecoder):
         scale = self.config.query_pre_attn_scalar**-0.5
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
         layer = cast(Gemma3LayerWeights, layer)  # load_gemma3_weights builds only these
-        a, m = layer.attention, layer.mlp
+        a = layer.attention
         x = x + self._norm(F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias), layer.post_attention_norm)
-        h = self._norm(x, layer.pre_feedforward_norm)
-        h = gated_mlp(h, m, gelu_tanh)
-        return x + self._norm(h, layer.post_feedforward_norm)
+        return x + self._norm(self._feed_forward(x, layer), layer.post_feedforward_norm)
+
+    def _feed_forward(self, x: torch.Tensor, layer: Gemma3LayerWeights) -> torch.Tensor:
+        """What the layer adds after attention, before its last norm (Gemma 4: plus experts)."""
+        return gated_mlp(self._norm(x, layer.pre_feedforward_norm), layer.mlp, gelu_tanh)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = super()._logits(x)

@@ -18,6 +18,7 @@ from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
 from vllm_tt_host.models.frame.checkpoint import WeightFolder, check_shapes
 from vllm_tt_host.models.frame.config import model_name
+from vllm_tt_host.models.frame.linear import Linear
 from vllm_tt_host.models.frame.vision import VisionTowerConfig
 
 VISION_ACTIVATIONS: tuple[str, ...] = ("gelu_pytorch_tanh", "gelu")
@@ -51,15 +52,6 @@ class SiglipConfig(VisionTowerConfig):
                 "check the checkpoint's config.json",
             )
         return cls(**fields, layer_norm_eps=float(getattr(hf_vision, "layer_norm_eps", 1e-6)))
-
-
-@dataclass(frozen=True)
-class Linear:
-    weight: torch.Tensor
-    bias: torch.Tensor
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 @dataclass(frozen=True)

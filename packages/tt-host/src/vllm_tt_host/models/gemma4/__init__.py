@@ -1,4 +1,5 @@
-"""Gemma 4 text: the Gemma 3 layers with per-layer KV shapes, KV-shared layers and proportional rope."""
+"""Gemma 4 text: the Gemma 3 layers with per-layer KV shapes, KV-shared layers, proportional rope,
+per-layer input embeddings (the E-series) and routed experts (the MoE model)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,6 @@ FAMILY = HostFamily(
     models={
         "TTGemma4ForCausalLM": "model:HostGemma4ForCausalLM",
     },
-    tiny=("gemma4",),
+    tiny=("gemma4", "gemma4_e", "gemma4_moe"),
     capabilities={"TTGemma4ForCausalLM": SLIDING},
 )

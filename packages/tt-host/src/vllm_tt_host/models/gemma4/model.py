@@ -10,8 +10,17 @@ cross-layer KV sharing: they own no blocks). Full layers use proportional rope (
 ``w`` (not ``1 + w``), values are RMS-normalised without a weight, attention is unscaled (the
 q/k norms set the scale), and each layer's output is multiplied by its ``layer_scalar``.
 
-Per-layer input embeddings (``hidden_size_per_layer_input``, the E2B/E4B models) and the
-mixture-of-experts block are refused by name: the host does not implement them.
+The E-series (E2B, E4B) add per-layer input embeddings (``hidden_size_per_layer_input``): each
+token gets a small vector per layer, half from its own table (scaled by the square root of its
+width) and half projected from the token's embedding (then RMS-normalised), and each layer gates
+its output with its slice and adds it back through a projection and a norm, before the layer
+scalar. Their KV-shared layers may have a double-wide MLP (the checkpoint's shapes carry it).
+The mixture-of-experts variant (26B-A4B, ``enable_moe_block``) runs a routed block beside each
+layer's dense MLP, both read the same residual: the router RMS-normalises it without a weight,
+scales it by its ``scale`` and ``hidden ** -0.5``, softmaxes over all experts, keeps the top-k
+renormalised and multiplies each by its ``per_expert_scale``; each expert is a GeGLU (fused
+gate/up, gate first) on its own pre-norm of the residual. The dense and routed outputs are each
+normalised, summed, and normalised once more as Gemma 3's MLP output is.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from vllm_tt_host.models.frame.config import (
     refuse_unimplemented,
 )
 from vllm_tt_host.models.frame.decoder import HostDecoder
+from vllm_tt_host.models.frame.mlp import gelu_tanh
+from vllm_tt_host.models.frame.moe import combine_experts
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope_config import read_rope
 from vllm_tt_host.models.gemma3.model import (
@@ -56,8 +67,6 @@ GEMMA4_ROPE_TYPES: tuple[str, ...] = ("default", "proportional")
 
 _UNIMPLEMENTED = "host reference models do not implement it; serve this model with a ttnn mesh"
 _REFUSED: dict[str, tuple[str, str]] = {
-    "hidden_size_per_layer_input": ("0 (no per-layer input embeddings)", _UNIMPLEMENTED),
-    "enable_moe_block": ("false (a dense MLP)", _UNIMPLEMENTED),
     "use_bidirectional_attention": ("null (causal attention)", _UNIMPLEMENTED),
     "attention_bias": ("false", _UNIMPLEMENTED),
 }
@@ -72,6 +81,12 @@ class Gemma4Config(Gemma3Config):
     """Per layer, the layer whose KV it attends to (itself unless KV-shared)."""
     values_from_keys: bool = False
     """``attention_k_eq_v``: full layers take their values from the key projection."""
+    per_layer_input_size: int = 0
+    """``hidden_size_per_layer_input``: each layer's per-layer input width (0: none)."""
+    experts: int = 0
+    """``num_experts`` of each layer's routed block (0: no ``enable_moe_block``)..."""
+    experts_per_token: int = 0
+    """...of which ``top_k_experts`` run for each token."""
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer]
@@ -105,6 +120,7 @@ class Gemma4Config(Gemma3Config):
             layers = n_layers
         windows = layer_windows(hf_config, model, layers)
         kv_heads, head_dims = _layer_shapes(hf_config, model, layers, heads)
+        experts, top_k = _experts(hf_config, model)
         global_rope = read_rope(hf_config, model, GEMMA4_ROPE_TYPES, layer_type="full_attention", theta=1_000_000.0,
                                 partial=1.0)
         # Layer 0's KV heads and head size; every layer's own in layer_kv_heads, layer_head_dims.
@@ -119,7 +135,21 @@ class Gemma4Config(Gemma3Config):
             layer_kv_heads=kv_heads,
             layer_kv_sources=_kv_sources(hf_config, model, layers),
             values_from_keys=bool(getattr(hf_config, "attention_k_eq_v", False)),
+            per_layer_input_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
+            experts=experts,
+            experts_per_token=top_k,
         )
+
+
+def _experts(hf_config: Any, model: str) -> tuple[int, int]:
+    """``(experts, experts_per_token)`` of a config with ``enable_moe_block``, else ``(0, 0)``."""
+    if not getattr(hf_config, "enable_moe_block", False):
+        return 0, 0
+    experts = positive_int(hf_config, "num_experts", model)
+    top_k = positive_int(hf_config, "top_k_experts", model)
+    if top_k > experts:
+        raise TTConfigError(f"{model}: top_k_experts", top_k, f"1..num_experts={experts}", "check config.json")
+    return experts, top_k
 
 
 def _layer_shapes(hf_config: Any, model: str, layers: int, heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -169,12 +199,66 @@ def _kv_sources(hf_config: Any, model: str, layers: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class PerLayerInputWeights:
+    """One layer's use of its per-layer input."""
+
+    gate: torch.Tensor
+    """``[d, hidden]``: the layer output's gate, multiplied by the per-layer input."""
+    projection: torch.Tensor
+    """``[hidden, d]``: back to the residual stream..."""
+    norm: torch.Tensor
+    """``[hidden]``: ...through this norm."""
+
+
+@dataclass(frozen=True)
+class PerLayerEmbedding:
+    """The model's per-layer input embeddings, every layer's packed in one row per token."""
+
+    table: torch.Tensor
+    """``[vocab, layers * d]``: the token's own part."""
+    projection: torch.Tensor
+    """``[layers * d, hidden]``: the part projected from the token's embedding..."""
+    norm: torch.Tensor
+    """``[d]``: ...normalised per layer with this."""
+
+
+@dataclass(frozen=True)
+class RoutedExpertWeights:
+    """One layer's routed block."""
+
+    router: torch.Tensor
+    """``[experts, hidden]``"""
+    router_scale: torch.Tensor
+    """``[hidden]``: scales the normalised residual before routing."""
+    expert_scale: torch.Tensor
+    """``[experts]``: scales each chosen expert's renormalised weight."""
+    gate_up: torch.Tensor
+    """``[experts, 2 * intermediate, hidden]``: gate rows, then up rows."""
+    down: torch.Tensor
+    """``[experts, hidden, intermediate]``"""
+    pre_norm: torch.Tensor
+    """``[hidden]``: the experts' own norm of the residual."""
+    post_norm: torch.Tensor
+    """``[hidden]``: of the experts' sum..."""
+    dense_post_norm: torch.Tensor
+    """``[hidden]``: ...and of the dense MLP's output, before the two are added."""
+
+
+@dataclass(frozen=True)
+class Gemma4Weights(DecoderWeights):
+    per_layer_embedding: PerLayerEmbedding | None
+    """``None`` without per-layer inputs."""
+
+
+@dataclass(frozen=True)
 class Gemma4LayerWeights(Gemma3LayerWeights):
     layer_scalar: torch.Tensor
     """``[1]``: the layer's output is scaled by it."""
+    per_layer_input: PerLayerInputWeights | None
+    experts: RoutedExpertWeights | None
 
 
-def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model.") -> DecoderWeights:
+def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model.") -> Gemma4Weights:
     """Every tensor ``config`` needs, as float32. A KV-shared layer has no k/v projections or
     k norm (an empty ``k``/``v`` stands for them); a full layer with values from its keys has
     no ``v_proj`` (its ``k_proj`` serves as both)."""
@@ -207,20 +291,63 @@ def load_gemma4_weights(folder: Path, config: Gemma4Config, prefix: str = "model
             pre_feedforward_norm=get(p + "pre_feedforward_layernorm.weight"),
             post_feedforward_norm=get(p + "post_feedforward_layernorm.weight"),
             layer_scalar=get(p + "layer_scalar"),
+            per_layer_input=PerLayerInputWeights(
+                gate=get(p + "per_layer_input_gate.weight"), projection=get(p + "per_layer_projection.weight"),
+                norm=get(p + "post_per_layer_input_norm.weight"),
+            ) if config.per_layer_input_size else None,
+            experts=RoutedExpertWeights(
+                router=get(p + "router.proj.weight"), router_scale=get(p + "router.scale"),
+                expert_scale=get(p + "router.per_expert_scale"), gate_up=get(p + "experts.gate_up_proj"),
+                down=get(p + "experts.down_proj"), pre_norm=get(p + "pre_feedforward_layernorm_2.weight"),
+                post_norm=get(p + "post_feedforward_layernorm_2.weight"),
+                dense_post_norm=get(p + "post_feedforward_layernorm_1.weight"),
+            ) if config.experts else None,
         ))
     embed = get(prefix + "embed_tokens.weight")
-    return DecoderWeights(
+    return Gemma4Weights(
         embed=embed, layers=tuple(layers), norm=get(prefix + "norm.weight"),
         lm_head=embed if config.tie_word_embeddings else get("lm_head.weight"),
+        per_layer_embedding=_per_layer_embedding(get, config, prefix, folder),
+    )
+
+
+def _per_layer_embedding(get: Any, config: Gemma4Config, prefix: str, folder: Path) -> PerLayerEmbedding | None:
+    if not config.per_layer_input_size:
+        return None
+    table = get(prefix + "embed_tokens_per_layer.weight")
+    if table.shape[0] < config.vocab_size or table.shape[1] % config.per_layer_input_size:
+        raise CheckpointError(
+            f"{prefix}embed_tokens_per_layer.weight in {folder} is {tuple(table.shape)}; config.json implies "
+            f"at least {config.vocab_size} rows of layers x {config.per_layer_input_size} "
+            "(vocab_size, hidden_size_per_layer_input): the weights and config.json do not belong together"
+        )
+    return PerLayerEmbedding(
+        table=table, projection=get(prefix + "per_layer_model_projection.weight"),
+        norm=get(prefix + "per_layer_projection_norm.weight"),
     )
 
 
 class Gemma4Decoder(Gemma3Decoder):
     config: Gemma4Config
+    weights: Gemma4Weights
 
     @classmethod
     def load(cls, folder: Path, config: Gemma4Config) -> HostDecoder:
         return cls(config, load_gemma4_weights(folder, config))
+
+    def __init__(self, config: Gemma4Config, weights: Gemma4Weights) -> None:
+        super().__init__(config, weights)
+        if config.per_layer_input_size:  # HF multiplies by these float32 scalars
+            self.per_layer_scale = torch.tensor(config.per_layer_input_size**0.5, dtype=torch.float32)
+
+    def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """``(token part + normalised projection of x) / sqrt(2)``, ``[T, layers, d]``."""
+        e, d = self.weights.per_layer_embedding, self.config.per_layer_input_size
+        if e is None:
+            return None
+        own = (e.table[ids] * self.per_layer_scale).view(ids.shape[0], -1, d)
+        projected = (F.linear(x, e.projection) * self.config.hidden_size**-0.5).view(x.shape[0], -1, d)
+        return (self._norm(projected, e.norm) + own) * 2.0**-0.5
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_norm_eps)
@@ -250,12 +377,42 @@ class Gemma4Decoder(Gemma3Decoder):
         values = values.repeat_interleave(groups, dim=1)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        return super()._finish_layer(x, attn, layer) * cast(Gemma4LayerWeights, layer).layer_scalar
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        layer = cast(Gemma4LayerWeights, layer)
+        x = super()._finish_layer(x, attn, layer)
+        p = layer.per_layer_input
+        if p is not None and per_layer_input is not None:
+            h = gelu_tanh(F.linear(x, p.gate)) * per_layer_input
+            x = x + self._norm(F.linear(h, p.projection), p.norm)
+        return x * layer.layer_scalar
+
+    def _feed_forward(self, x: torch.Tensor, layer: Gemma3LayerWeights) -> torch.Tensor:
+        dense = super()._feed_forward(x, layer)
+        e = cast(Gemma4LayerWeights, layer).experts
+        if e is None:
+            return dense
+        return self._norm(dense, e.dense_post_norm) + self._norm(self._routed(x, e), e.post_norm)
+
+    def _routed(self, x: torch.Tensor, e: RoutedExpertWeights) -> torch.Tensor:
+        """The routed block's output for the residual ``x [T, hidden]``."""
+        cfg = self.config
+        scores = F.linear(rms_norm(x, torch.ones(()), cfg.rms_norm_eps) * e.router_scale * cfg.hidden_size**-0.5,
+                          e.router)
+        top, chosen = torch.topk(torch.softmax(scores, dim=-1), cfg.experts_per_token, dim=-1)
+        weights = top / top.sum(dim=-1, keepdim=True) * e.expert_scale[chosen]
+
+        def expert_mlp(expert: int, h: torch.Tensor) -> torch.Tensor:
+            gate, up = F.linear(h, e.gate_up[expert]).chunk(2, dim=-1)
+            return F.linear(gelu_tanh(gate) * up, e.down[expert])
+
+        return combine_experts(self._norm(x, e.pre_norm), chosen, weights, expert_mlp)
 
 
 class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
-    """Gemma 4 text: per-layer KV shapes and KV-shared layers, served through hybrid KV."""
+    """Gemma 4 text: per-layer KV shapes, KV-shared layers, per-layer input embeddings (E2B, E4B)
+    and routed experts (26B-A4B), served through hybrid KV."""
 
     family = "gemma4"
     config_type = Gemma4Config

@@ -74,7 +74,9 @@ class GptOssDecoder(HostDecoder):
             self._layers[index].sinks, self.config.head_dim**-0.5,
         )
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _finish_layer(
+        self, x: torch.Tensor, attn: torch.Tensor, layer: LayerWeights, per_layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
         a = layer.attention
         x = x + F.linear(attn.reshape(x.shape[0], -1), a.o, a.o_bias)
         return x + moe_mlp(self._norm(x, layer.post_attention_norm), _gpt_oss_layer(layer).mlp, self.moe)

@@ -15,6 +15,9 @@ a resume, a prefix-cache hit) gets all the row's images and computes the towers 
 placeholders it covers; the positions of a later chunk come from the images before it, so
 from their grids alone: vLLM sends an image inside the prefix-cache hit with its
 ``image_grid_thw`` but no pixels.
+
+All of that is the Qwen-VL frame (``QwenVLConfig``, ``QwenVLDecoder``, ``HostQwenVLModel``),
+which Qwen3-VL (``qwen3_vl``) shares; Qwen2.5-VL names its tower and contiguous mRoPE groups.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration as VllmQwen2_5_VL
@@ -39,6 +42,7 @@ from vllm_tt_host.models.frame.config import DecoderConfig, model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.inputs import PrefillRow
+from vllm_tt_host.models.frame.patch_grid import PatchGridConfig
 from vllm_tt_host.models.frame.rope import apply_rotary, inverse_frequencies
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels, image_runs, per_row
@@ -55,25 +59,33 @@ VISION_PREFIXES: tuple[str, ...] = ("visual.", "model.visual.")
 
 
 @dataclass(frozen=True)
-class Qwen25VLConfig(DecoderConfig):
+class QwenVLConfig(DecoderConfig):
+    """What a Qwen-VL decoder reads beyond a text decoder: its mRoPE sections, the image token
+    and its tower's config (``vision_type`` reads it)."""
+
     mrope_section: tuple[int, ...] = ()
-    """Rotated pairs per index (temporal, height, width, repeating); sums to ``head_dim / 2``."""
-    vision: VisionConfig = field(kw_only=True)
+    """Rotated pairs per index (temporal, height, width); sums to ``head_dim / 2``."""
+    vision: PatchGridConfig = field(kw_only=True)
     image_token_id: int = -1
 
+    vision_type: ClassVar[type[PatchGridConfig]]
+    interleaved_mrope: ClassVar[bool] = False
+    """Which index turns each rotated pair: contiguous groups of ``mrope_section`` (Qwen2.5-VL),
+    or interleaved t, h, w, t, h, w... up to each section's share (Qwen3-VL)."""
+
     @classmethod
-    def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Qwen25VLConfig:
+    def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Self:
         model = model_name(hf_config)
         text = getattr(hf_config, "text_config", None)
         vision = getattr(hf_config, "vision_config", None)
         if text is None or vision is None:
-            raise TTConfigError(f"{model}: text_config/vision_config", None, "both present (model_type qwen2_5_vl)",
-                                "serve a Qwen2.5-VL checkpoint saved by transformers")
+            raise TTConfigError(f"{model}: text_config/vision_config", None, "both present",
+                                "serve a Qwen-VL checkpoint saved by transformers")
         base = DecoderConfig.read(text, family, n_layers=n_layers)
         section = tuple(int(s) for s in (getattr(text, "rope_parameters", None) or {}).get("mrope_section") or ())
-        if not section or sum(section) != base.head_dim // 2:
+        if len(section) != 3 or sum(section) != base.head_dim // 2:
             raise TTConfigError(f"{model}: rope_parameters.mrope_section", list(section),
-                                f"pair counts summing to head_dim / 2 = {base.head_dim // 2}",
+                                f"three pair counts summing to head_dim / 2 = {base.head_dim // 2}",
                                 "check the checkpoint's config.json")
         image_token = getattr(hf_config, "image_token_id", None)
         if not isinstance(image_token, int) or image_token < 0:
@@ -81,16 +93,32 @@ class Qwen25VLConfig(DecoderConfig):
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         fields["tie_word_embeddings"] = tied
-        return cls(**fields, mrope_section=section, vision=VisionConfig.from_hf(vision), image_token_id=image_token)
+        return cls(**fields, mrope_section=section, vision=cls.vision_type.from_hf(vision), image_token_id=image_token)
+
+    def mrope_axes(self) -> torch.Tensor:
+        """``[head_dim / 2]``: which index (0 t, 1 h, 2 w) turns each rotated pair."""
+        t, h, w = self.mrope_section
+        if not self.interleaved_mrope:
+            return torch.repeat_interleave(torch.arange(3), torch.tensor([t, h, w]))
+        axes = torch.zeros(t + h + w, dtype=torch.long)
+        axes[1 : 3 * h : 3] = 1
+        axes[2 : 3 * w : 3] = 2
+        return axes
+
+
+@dataclass(frozen=True)
+class Qwen25VLConfig(QwenVLConfig):
+    vision: VisionConfig = field(kw_only=True)
+    vision_type = VisionConfig
 
 
 class MultimodalRotary:
     """mRoPE for every layer of one decoder; the positions of the call in progress are set
     around it (``at`` for a prefill row, ``shifted`` for a decode batch)."""
 
-    def __init__(self, config: Qwen25VLConfig) -> None:
+    def __init__(self, config: QwenVLConfig) -> None:
         self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
-        self.section = list(config.mrope_section)
+        self.axes = config.mrope_axes()
         self._positions: torch.Tensor | None = None
         self._deltas: torch.Tensor | None = None
 
@@ -123,7 +151,7 @@ class MultimodalRotary:
         if indices.shape[1] != x.shape[0]:
             raise HostModelInputError(f"mRoPE positions cover {indices.shape[1]} rows, the call has {x.shape[0]}")
         freqs = indices[..., None].to(torch.float32) * self.inv_freq  # [3, T, d/2]
-        chosen = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.section, dim=-1))], dim=-1)
+        chosen = freqs.gather(0, self.axes.expand(1, freqs.shape[1], -1))[0]
         angles = torch.cat((chosen, chosen), dim=-1)[:, None, :]
         return apply_rotary(x, angles.cos(), angles.sin())
 
@@ -171,7 +199,7 @@ def _row_list(values: Any, row: int, rows: int, name: str) -> list[Any]:
     return list(per_row(values, rows, name)[row] or [])
 
 
-def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config: Qwen25VLConfig,
+def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config: QwenVLConfig,
                     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The ``[3, len(ids)]`` mRoPE indices of a row's tokens and the ``[first, stop)`` of each
     image's placeholders; the ``i``-th placeholder run is image ``i`` of ``grids``."""
@@ -196,10 +224,14 @@ def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config
     return torch.cat(parts, dim=1), runs
 
 
-class Qwen25VLDecoder(HostDecoder):
-    config: Qwen25VLConfig
+class QwenVLDecoder(HostDecoder):
+    """A Qwen-VL text decoder with its vision tower: mRoPE on every layer, image features in
+    place of the placeholder embeddings. A family names its tower (``load_tower``) and what
+    an image gives the decoder (``encode``)."""
 
-    def __init__(self, config: Qwen25VLConfig, weights: DecoderWeights, tower: VisionTower) -> None:
+    config: QwenVLConfig
+
+    def __init__(self, config: QwenVLConfig, weights: DecoderWeights, tower: Any) -> None:
         super().__init__(config, weights)
         self.tower = tower
         self.mrope = MultimodalRotary(config)
@@ -208,13 +240,26 @@ class Qwen25VLDecoder(HostDecoder):
         """Each decode slot's mRoPE delta (set by the model: its prefills, ``rope_deltas_all_users``)."""
 
     @classmethod
-    def load(cls, folder: Path, config: Qwen25VLConfig) -> HostDecoder:
-        return load_qwen2_5_vl_decoder(folder, config)
+    def load(cls, folder: Path, config: Any) -> HostDecoder:
+        reader = WeightFolder(folder)
+        text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
+        vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
+        tower = cls.load_tower(reader, vision, config, PixelNorm.of_checkpoint(folder))
+        return cls(config, load_decoder_weights(folder, config, text), tower)
+
+    @classmethod
+    def load_tower(cls, reader: WeightFolder, prefix: str, config: Any, norm: PixelNorm) -> Any:
+        raise NotImplementedError
+
+    def encode(self, pixels: torch.Tensor, grid: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+        """One image's ``[tokens, hidden]`` features for its placeholders, then what each of
+        the first layers adds at them (``PrefillInserts.layer_adds``)."""
+        raise NotImplementedError
 
     def prefill(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Any, lane_kv: Any,
                 all_positions: bool = False, inserts: PrefillInserts | None = None) -> torch.Tensor:
         if not isinstance(inserts, MropeInserts):
-            raise HostModelInputError("a Qwen2.5-VL prefill row needs its mRoPE positions (MropeInserts)")
+            raise HostModelInputError("a Qwen-VL prefill row needs its mRoPE positions (MropeInserts)")
         positions = inserts.positions
         padded = torch.cat((positions, positions[:, -1:].expand(3, bucket - positions.shape[1])), dim=1)
         with self.mrope.at(padded):
@@ -233,42 +278,40 @@ class Qwen25VLDecoder(HostDecoder):
         positions, runs = mrope_positions(ids, images.grids, self.config)
         live = [k for k, (_, stop) in enumerate(runs) if stop > start and run_tower]  # others: KV cached
         pixels = computed_pixels({k: images.pixels[k] for k in live}, row, start)
-        index, vectors = [], []
+        index, parts = [], []
         for k, image_pixels in zip(live, pixels, strict=True):
             (first, stop), grid = runs[k], images.grids[k]
-            features = self.tower(image_pixels, grid)
             lo = max(first, start)
             index.append(torch.arange(lo, stop) - start)
-            vectors.append(features[lo - first:])
+            parts.append([f[lo - first:] for f in self.encode(image_pixels, grid)])
         end = ids.shape[0]
-        width = self.config.hidden_size
+        stacked = [torch.cat(p) for p in zip(*parts, strict=True)] or [torch.zeros(0, self.config.hidden_size)]
         return MropeInserts(
             index=torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
-            vectors=torch.cat(vectors) if vectors else torch.zeros(0, width),
+            vectors=stacked[0], layer_adds=tuple(stacked[1:]),
             blocks=torch.full((end,), -1, dtype=torch.long),
             positions=positions[:, start:], delta=int(positions.max()) + 1 - end,
         )
 
 
-def load_qwen2_5_vl_decoder(folder: Path, config: Qwen25VLConfig) -> Qwen25VLDecoder:
-    reader = WeightFolder(folder)
-    text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
-    vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
-    tower = VisionTower(config.vision, load_vision_weights(reader, vision, config.vision),
-                        PixelNorm.of_checkpoint(folder))
-    return Qwen25VLDecoder(config, load_decoder_weights(folder, config, text), tower)
+class Qwen25VLDecoder(QwenVLDecoder):
+    config: Qwen25VLConfig
+    tower: VisionTower
+
+    @classmethod
+    def load_tower(cls, reader: WeightFolder, prefix: str, config: Qwen25VLConfig, norm: PixelNorm) -> VisionTower:
+        return VisionTower(config.vision, load_vision_weights(reader, prefix, config.vision), norm)
+
+    def encode(self, pixels: torch.Tensor, grid: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+        return (self.tower(pixels, grid),)
 
 
+class HostQwenVLModel(HostCausalLM):
+    """A Qwen-VL model through the contract: prefill rows carry ``pixel_values`` +
+    ``image_grid_thw``; prefill returns ``(out, rope_deltas)``, decode takes
+    ``rope_deltas_all_users``. A family names its config, decoder and vLLM processor."""
 
-@vllm_multimodal_processing(VllmQwen2_5_VL)
-class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
-    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
-    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
-
-    family = "qwen2"
-    config_type = Qwen25VLConfig
-    decoder_type = Qwen25VLDecoder
-    decoder: Qwen25VLDecoder
+    decoder: QwenVLDecoder
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostCausalLM.model_capabilities,
         "supports_async_decode": False,  # decode rotates with the host's positions
@@ -316,3 +359,14 @@ class HostQwen2_5_VLForConditionalGeneration(HostCausalLM):
             self.decoder.slot_deltas = torch.tensor([int(d) for d in deltas], dtype=torch.long)
         return super().decode_forward(tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
                                       sampling_params, prompt_tokens, output_tokens, reset_batch, **kwargs)
+
+
+@vllm_multimodal_processing(VllmQwen2_5_VL)
+class HostQwen2_5_VLForConditionalGeneration(HostQwenVLModel):
+    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
+    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+
+    family = "qwen2"
+    config_type = Qwen25VLConfig
+    decoder_type = Qwen25VLDecoder
+    decoder: Qwen25VLDecoder

@@ -38,6 +38,10 @@ class RecurrentState:
     def num_blocks(self) -> int:
         return self.conv.shape[0]
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block-indexed tensors, for copies to and from host memory (``BlockStates``)."""
+        return self.conv, self.recurrent
+
     def read(self, blocks: torch.Tensor, fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The states of ``blocks [B]``; rows where ``fresh [B]`` is set start from zeros."""
         keep = (~fresh).to(self.conv.dtype)

@@ -118,7 +118,7 @@ class Qwen3_5Decoder(HostDecoder):
         return x
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
-                       kv: list[Any]) -> torch.Tensor:
+                       kv: list[Any], per_layer: torch.Tensor | None = None) -> torch.Tensor:
         """A padding row writes no KV or state."""
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)

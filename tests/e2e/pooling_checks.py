@@ -1,0 +1,18 @@
+"""What the embedding serve tests share: the parity bound and its check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+COSINE = 0.99999
+"""Issue #32's bound: each served vector against transformers'."""
+
+
+def assert_close(got: Any, want: torch.Tensor) -> None:
+    """Every row of ``got`` (lists or arrays of floats) within ``COSINE`` of ``want``'s."""
+    rows = torch.tensor(np.asarray(got, dtype=np.float32))
+    cosine = torch.nn.functional.cosine_similarity(rows, want, dim=-1)
+    assert cosine.min().item() >= COSINE, cosine.tolist()
