@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "testing")]
@@ -29,29 +30,48 @@ from report import write_results  # noqa: E402
 from vllm_tt_testing import flag_fuzz  # noqa: E402
 
 from tests.e2e.helpers import hf_greedy, serve  # noqa: E402
+from tests.e2e.pooling_checks import COSINE  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 PROMPT = [5, 17, 300, 42, 8, 99, 512, 7, 64, 230]
+TEXT = "the cat sat on the mat"
 START_TIMEOUT_S = 420.0
 
 
-def real_start(model: Path, args: list[str], log: Path) -> dict:
-    """Start `vllm serve` with ``args`` and send one greedy completion; compare with transformers."""
+def greedy_is_exact(client: Any, model: Path, name: str) -> bool:
+    """One greedy completion equals transformers' ``generate``."""
+    got = client.completions.create(model=name, prompt=PROMPT, max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True, "return_token_ids": True})
+    return got.model_dump()["choices"][0]["token_ids"] == hf_greedy(model, [PROMPT], 6)[0]
+
+
+def embedding_is_exact(client: Any, model: Path, name: str) -> bool:
+    """One embedding (vLLM's LAST pooling of a decoder, normalised) within the embedding serve
+    tests' cosine bound of transformers' last-token hidden state."""
+    import torch
+    from vllm_tt_testing.decoder_pooling import hf_last_token_embeddings
+
+    got = torch.tensor([client.embeddings.create(model=name, input=TEXT).data[0].embedding])
+    return torch.nn.functional.cosine_similarity(got, hf_last_token_embeddings(model, [TEXT])).item() >= COSINE
+
+
+def real_start(model: Path, outcome: flag_fuzz.Outcome, log: Path) -> dict:
+    """Start `vllm serve` with the outcome's arguments and send one request (a greedy completion,
+    or an embedding when the configuration pools); compare with transformers."""
     import openai
 
+    args = outcome.args
     start = time.monotonic()
     names = flag_fuzz.served_names(args) or [str(model)]
+    check = embedding_is_exact if outcome.pools else greedy_is_exact
+    request = "embedding" if outcome.pools else "greedy completion"
     try:
         with serve(model, *args, timeout=START_TIMEOUT_S, log=log) as url:
-            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-            got = client.completions.create(model=names[0], prompt=PROMPT, max_tokens=6, temperature=0,
-                                            extra_body={"ignore_eos": True, "return_token_ids": True})
-            tokens = got.model_dump()["choices"][0]["token_ids"]
+            exact = check(openai.OpenAI(base_url=f"{url}/v1", api_key="unused"), model, names[0])
     except (RuntimeError, TimeoutError) as error:
         return {"args": args, "kind": "start failed", "detail": f"{error}: {log.read_text()[-1500:]}",
-                "seconds": time.monotonic() - start}
-    exact = tokens == hf_greedy(model, [PROMPT], 6)[0]
-    return {"args": args, "kind": "served exactly" if exact else "served wrong tokens",
+                "request": request, "seconds": time.monotonic() - start}
+    return {"args": args, "kind": "served exactly" if exact else "served a wrong answer", "request": request,
             "seconds": time.monotonic() - start}
 
 
@@ -68,7 +88,7 @@ def markdown(r: dict) -> str:
               f"({sum(s['kind'] == 'served exactly' for s in r['starts'])}) |",
               f"| result | {'PASS' if r['passed'] else 'FAIL'} |", "",
               "Real starts:", ""]
-    lines += [f"- `{' '.join(s['args'])}`: {s['kind']} ({s['seconds']:.0f} s)" for s in r["starts"]]
+    lines += [f"- `{' '.join(s['args'])}`: {s['request']}, {s['kind']} ({s['seconds']:.0f} s)" for s in r["starts"]]
     lines += ["", "Findings:", ""] + [f"- `{' '.join(f['args'])}`: {f['kind']}: {f['detail'][:300]}"
                                       for f in r["findings"]] + ["" if r["findings"] else "- none"]
     return "\n".join(lines) + "\n"
@@ -87,7 +107,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(build_tiny_checkpoint("llama", Path(tmp) / "llama", train_steps=0, seed=0))
         outcomes, rejected = flag_fuzz.run(model, args.seed, args.combos)
-        configured = [o.args for o in outcomes if o.kind == "configured"]
+        configured = [o for o in outcomes if o.kind == "configured"]
         sample = random.Random(args.seed).sample(configured, min(args.starts, len(configured)))
         starts = [real_start(model, a, Path(tmp) / f"serve{i}.log") for i, a in enumerate(sample)]
     builds = [o.seconds for o in outcomes]

@@ -60,6 +60,20 @@ def test_one_build_does_not_leak_into_the_next(tiny_checkpoint):
     assert flag_fuzz.build(model, ("seed",), ["--seed", "1"]).kind == "configured"
 
 
+def test_a_pooling_configuration_pools_with_a_step_budget_for_its_longest_shape(tiny_checkpoint):
+    """``--convert embed`` alone pools (a real start of it is sent an embedding request), vLLM's
+    default step budget raised to the longest pooling shape; a budget the user gave below it is
+    refused naming it."""
+    model = tiny_checkpoint("llama")
+    pooled = flag_fuzz.build(model, ("convert",), ["--convert", "embed"])
+    assert (pooled.kind, pooled.pools) == ("configured", True), pooled.detail
+    assert pooled.config.scheduler_config.max_num_batched_tokens == pooled.config.model_config.max_model_len
+    assert not flag_fuzz.build(model, ("seed",), ["--seed", "1"]).pools
+    given = flag_fuzz.build(model, ("runner", "max_num_batched_tokens"),
+                            ["--runner", "pooling", "--max-num-batched-tokens", "512"])
+    assert given.kind == "refused by TT" and "--max-num-batched-tokens" in given.detail, given.detail
+
+
 def test_a_build_past_its_time_limit_is_a_hang(tiny_checkpoint, monkeypatch):
     import time
 

@@ -60,7 +60,9 @@ KNOBS: dict[str, tuple[tuple[str, ...], ...]] = {
     "enable_prompt_embeds": (("--enable-prompt-embeds",),),
     "data_parallel_backend": (("ray",),),
     "kv_transfer_config": (('{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}',),),
-    "convert": (("embed",),),
+    "kv_offloading_size": (("1",),),
+    "kv_offloading_backend": (("native",), ("lmcache",)),
+    "convert": (("embed",), ("classify",)),
     "runner": (("generate",), ("pooling",)),
     "enable_expert_parallel": (("--enable-expert-parallel",),),
     "enable_dbo": (("--enable-dbo",),),
@@ -98,6 +100,9 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
     config: Any = field(default=None, repr=False)
+    pools: bool = False
+    """A configured engine that pools (``--runner pooling``, or ``--convert`` which implies it):
+    a real start of it serves embeddings, not completions."""
 
     @property
     def finding(self) -> bool:
@@ -184,7 +189,8 @@ def build(model: Path, dests: tuple[str, ...], args: list[str], timeout_s: float
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    return Outcome(args, "configured", "", time.monotonic() - start, config)
+    return Outcome(args, "configured", "", time.monotonic() - start, config,
+                   pools=config.model_config.runner_type == "pooling")
 
 
 def run(model: Path, seed: int, count: int) -> tuple[list[Outcome], int]:

@@ -12,9 +12,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-RECORDED = ("async_scheduling", "enable_prefix_caching", "disable_log_stats")
-"""Destinations of the vLLM options whose explicit use turns a downgrade into an error (and
-``--disable-log-stats``, which turns the TT metrics off)."""
+RECORDED = ("async_scheduling", "enable_prefix_caching", "disable_log_stats", "max_num_batched_tokens")
+"""Destinations of the vLLM options whose explicit use turns a downgrade (or a pooling model's
+raised step budget) into an error, and ``--disable-log-stats``, which turns the TT metrics off."""
 
 _given: set[str] = set()
 """Destinations set on this process's command line: ``--x``, ``--no-x`` or a ``--config`` file

@@ -227,14 +227,20 @@ def configure(vllm_config: VllmConfig) -> None:
 
 def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:
     """A pooling model runs each prompt whole in one prefill step: no chunking, no prefix cache
-    (no KV cache), no decode to overlap; a step must hold the longest shape's prompt."""
+    (no KV cache), no decode to overlap; a step must hold the longest shape's prompt: vLLM's
+    default step budget is raised to it (as vLLM does with chunked prefill off), a budget the
+    user gave below it is an error."""
     sched = vllm_config.scheduler_config
     if sched.max_num_batched_tokens < max_len:
-        raise TTConfigError(
-            "--max-num-batched-tokens", sched.max_num_batched_tokens,
-            f"at least the longest pooling shape ({max_len} tokens: pooling prompts are never chunked)",
-            f"pass --max-num-batched-tokens {max_len} or more, or shorten --additional-config.tt.pooling_shapes",
-        )
+        if cli_flags.given("max_num_batched_tokens"):
+            raise TTConfigError(
+                "--max-num-batched-tokens", sched.max_num_batched_tokens,
+                f"at least the longest pooling shape ({max_len} tokens: pooling prompts are never chunked)",
+                f"pass --max-num-batched-tokens {max_len} or more, or shorten --additional-config.tt.pooling_shapes",
+            )
+        logger.info("Step budget %d tokens (was vLLM's default %d): the longest pooling shape, as pooling "
+                    "prompts are never chunked.", max_len, sched.max_num_batched_tokens)
+        sched.max_num_batched_tokens = max_len
     vllm_config.cache_config.enable_prefix_caching = False
     sched.async_scheduling = False
 
