@@ -56,6 +56,7 @@ FEATURES: dict[str, Feature] = {
     "supports_pooling": Feature("Embeddings from a decoder (--runner pooling)",
                                 "pooling.md#decoder-embedding-and-reranking-models"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
+    "modalities": Feature("Multimodal inputs", "vision.md#video"),
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -245,14 +245,14 @@ def test_lanes_send_every_lanes_deltas_in_global_slot_order(vllm_config):
     assert decode[ROPE_DELTAS_KWARG] == [-17, 0, -3, 0]
 
 
-def test_a_video_item_reaching_the_runner_names_the_request(vllm_config):
+def test_an_audio_item_reaching_the_runner_names_the_request(vllm_config):
     """Gathering the inputs is host work: its error is raised as itself, never as a
     TTDeviceError (which tells the operator the device state is lost), and no device call ran."""
     runner = make_runner(vllm_config, ImageRecorder)
     with pytest.raises(MultimodalInputError) as raised:
-        runner.execute_model(scheduler_output([vl_request("clip", PROMPT_1, [2], [image(1, 2, modality="video")])],
+        runner.execute_model(scheduler_output([vl_request("clip", PROMPT_1, [2], [image(1, 2, modality="audio")])],
                                               scheduled={"clip": 7}))
-    assert "'clip' item 0 is 'video'" in str(raised.value) and "image only" in str(raised.value)
+    assert "'clip' item 0 is 'audio'" in str(raised.value) and "image, video only" in str(raised.value)
     assert not recorder(runner).called("prefill_forward")
 
 
@@ -263,19 +263,28 @@ def mm_config_of(**mm: Any) -> Any:
 
 def test_startup_limits_video_and_audio_to_zero_and_keeps_images_whole():
     config = mm_config_of(limit_per_prompt={"image": 2})
-    restrict_modalities(config)
+    restrict_modalities(config, "TTGemma3ForConditionalGeneration", ("image",))
     mm = config.model_config.multimodal_config
     assert [mm.get_limit_per_prompt(m) for m in ("image", "video", "audio")] == [2, 0, 0]
     assert config.scheduler_config.disable_chunked_mm_input is True
-    restrict_modalities(config)  # every vLLM process configures: idempotent
+    restrict_modalities(config, "TTGemma3ForConditionalGeneration", ("image",))  # every process configures
     assert mm.get_limit_per_prompt("video") == 0
 
 
-def test_startup_refuses_a_limit_asking_for_video():
-    with pytest.raises(TTUnsupportedFeatureError, match=r"--limit-mm-per-prompt=\{'video': 1\}.*images only"):
-        restrict_modalities(mm_config_of(limit_per_prompt={"image": 1, "video": 1}))
+def test_startup_keeps_the_video_limit_of_a_model_that_takes_video():
+    config = mm_config_of(limit_per_prompt={"image": 2, "video": 1})
+    restrict_modalities(config, "TTQwen2_5_VLForConditionalGeneration", ("image", "video"))
+    mm = config.model_config.multimodal_config
+    assert [mm.get_limit_per_prompt(m) for m in ("image", "video", "audio")] == [2, 1, 0]
+
+
+def test_startup_refuses_a_limit_asking_for_video_of_an_image_model():
+    with pytest.raises(TTUnsupportedFeatureError,
+                       match=r"--limit-mm-per-prompt=\{'video': 1\}.*TTGemma3ForConditionalGeneration takes image only"):
+        restrict_modalities(mm_config_of(limit_per_prompt={"image": 1, "video": 1}),
+                            "TTGemma3ForConditionalGeneration", ("image",))
 
 
 def test_startup_refuses_multimodal_embeddings():
     with pytest.raises(TTUnsupportedFeatureError, match="--enable-mm-embeds"):
-        restrict_modalities(mm_config_of(enable_mm_embeds=True))
+        restrict_modalities(mm_config_of(enable_mm_embeds=True), "TTGemma3ForConditionalGeneration", ("image",))

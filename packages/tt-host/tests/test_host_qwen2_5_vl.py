@@ -10,6 +10,7 @@ chunked prefill, decode with the returned deltas) against HF's logits."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,10 +21,10 @@ from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import PixelNorm
+from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
 from vllm_tt_host.models.qwen2_5_vl.model import (
     HostQwen2_5_VLForConditionalGeneration,
     Qwen25VLConfig,
-    mrope_positions,
 )
 from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
@@ -114,16 +115,16 @@ def test_mrope_indices_and_delta_equal_get_rope_index(hf, model):
                                               image_grid_thw=torch.tensor(GRIDS))
     config = model.decoder.config
     assert isinstance(config, Qwen25VLConfig)
-    ours, runs = mrope_positions(torch.tensor(ids), list(GRIDS), config)
+    ours, runs = mrope_positions(torch.tensor(ids), [Media(g, None) for g in GRIDS], config)
     assert torch.equal(ours, expected[:, 0])
     assert int(ours.max()) + 1 - len(ids) == int(delta) != 0
-    assert [stop - first for first, stop in runs] == [16, 6]
+    assert [r.stop - r.first for r in runs] == [16, 6]
 
 
 def test_a_cut_image_run_is_refused(model):
     ids = prompt(3, [5, 4])[:-6]  # ends inside the image's placeholders
     with pytest.raises(HostModelInputError, match="chunk end cuts an image"):
-        mrope_positions(torch.tensor(ids), [GRIDS[0]], model.decoder.config)
+        mrope_positions(torch.tensor(ids), [Media(GRIDS[0], None)], model.decoder.config)
 
 
 def test_registered_for_the_host_backend_and_takes_vllms_processor():
@@ -167,3 +168,81 @@ def test_different_images_change_the_logits(model):
     a, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
     b, _ = runner.prefill([(1, ids, 0, len(ids), [70])])
     assert (a - b).abs().max() > 1e-2
+
+
+# ---- video -----------------------------------------------------------------------------------
+VIDEO_GRID = (4, 4, 4)
+"""Eight frames (four temporal patches) of 16x16 pixels: 16 video tokens, temporal index 0, 4, 8, 12."""
+SECONDS_PER_GRID = 1.0
+
+
+def video_prompt() -> tuple[list[int], list[int]]:
+    """Text, a video, text, an image, text: the ids and each token's HF ``mm_token_type_ids``."""
+    gen = torch.Generator().manual_seed(11)
+    text = [torch.randint(3, 290, (n,), generator=gen).tolist() for n in (3, 4, 5)]
+    ids = (text[0] + [START] + [VIDEO] * 16 + [END] + text[1] + [START] + [IMAGE] * 16 + [END] + text[2])
+    return ids, [2 if t == VIDEO else 1 if t == IMAGE else 0 for t in ids]
+
+
+def video_kwargs() -> dict[str, list[list[Any] | None]]:
+    """The runner's item lists for ``video_prompt``'s one row: the video's place is None in the
+    image keys and the image's in the video keys."""
+    return {
+        "pixel_values": [[None, pixels_u8(21, GRIDS[0])]], "image_grid_thw": [[None, torch.tensor(GRIDS[0])]],
+        "pixel_values_videos": [[pixels_u8(20, VIDEO_GRID), None]], "video_grid_thw": [[torch.tensor(VIDEO_GRID), None]],
+        "second_per_grid_ts": [[torch.tensor([SECONDS_PER_GRID]), None]],
+    }
+
+
+def hf_video_logits(hf) -> tuple[torch.Tensor, int]:
+    ids, types = video_prompt()
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([ids]), mm_token_type_ids=torch.tensor([types]),
+                 pixel_values_videos=normalised(pixels_u8(20, VIDEO_GRID)), video_grid_thw=torch.tensor([VIDEO_GRID]),
+                 second_per_grid_ts=torch.tensor([SECONDS_PER_GRID]),
+                 pixel_values=normalised(pixels_u8(21, GRIDS[0])), image_grid_thw=torch.tensor([GRIDS[0]]))
+    return out.logits[0], int(hf.model.rope_deltas)
+
+
+def test_video_mrope_indices_step_with_its_clock_as_get_rope_index(hf, model):
+    """The temporal index of a video token steps by ``tokens_per_second * second_per_grid_ts``
+    (4 here), an image's stays at its start; a video of the same size placed as an image would
+    give other indices."""
+    ids, types = video_prompt()
+    expected, delta = hf.model.get_rope_index(
+        torch.tensor([ids]), mm_token_type_ids=torch.tensor([types]), image_grid_thw=torch.tensor([GRIDS[0]]),
+        video_grid_thw=torch.tensor([VIDEO_GRID]), second_per_grid_ts=torch.tensor([SECONDS_PER_GRID]))
+    media = [Media(VIDEO_GRID, None, SECONDS_PER_GRID), Media(GRIDS[0], None)]
+    ours, runs = mrope_positions(torch.tensor(ids), media, model.decoder.config)
+    assert torch.equal(ours, expected[:, 0])
+    assert int(ours.max()) + 1 - len(ids) == int(delta)
+    assert sorted(set(ours[0, 4:20].tolist())) == [4, 8, 12, 16]
+    assert [(r.item, r.stop - r.first) for r in runs] == [(0, 16), (1, 16)]
+    with pytest.raises(HostModelInputError, match="16 video tokens, item 0 \\(image"):
+        mrope_positions(torch.tensor(ids), [Media(VIDEO_GRID, None), Media(GRIDS[0], None)], model.decoder.config)
+
+
+def test_video_and_image_prompt_logits_equal_transformers_whole_and_chunked(hf, model):
+    """Every position's logits of a prompt with a video then an image equal HF's, in one pass
+    and as a second chunk starting after the video (its tower skipped, its grid still giving
+    the positions); the returned delta is HF's."""
+    expected, hf_delta = hf_video_logits(hf)
+    ids, _ = video_prompt()
+    runner = MropeRunner(model, GRIDS)
+
+    def prefill(start: int, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        return model.prefill_forward(
+            tokens=torch.tensor([ids], dtype=torch.int32), page_table=runner.table[[0]], kv_cache=runner.kv,
+            prompt_lens=[len(ids)], start_pos=[start], empty_slots=[0], return_all_logits=True, **kwargs)
+
+    whole, deltas = prefill(0, video_kwargs())
+    worst = float((whole[0, -len(ids):] - expected).abs().max())
+    assert worst < 1e-4, worst
+    assert deltas.tolist() == [hf_delta] and hf_delta != 0
+    past_video = 3 + 18
+    tail_kwargs = video_kwargs()
+    tail_kwargs["pixel_values_videos"] = [[None, None]]  # as vLLM: computed before, so no pixels
+    tail, deltas = prefill(past_video, tail_kwargs)
+    worst = float((tail[0, -(len(ids) - past_video):] - expected[past_video:]).abs().max())
+    assert worst < 1e-4, worst
+    assert deltas.tolist() == [hf_delta]

@@ -16,7 +16,8 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.vision import PixelNorm
-from vllm_tt_host.models.qwen2_5_vl.model import MultimodalRotary, mrope_positions
+from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
+from vllm_tt_host.models.qwen2_5_vl.model import MultimodalRotary
 from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGeneration
 from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
@@ -100,7 +101,7 @@ def test_interleaved_mrope_rotation_equals_transformers(case, hf, model):
     assert isinstance(config, HostConfig)
     positions, delta = hf.model.get_rope_index(input_ids, mm_token_type_ids=(input_ids == IMAGE).int(),
                                                image_grid_thw=torch.tensor(GRIDS))
-    ours, _ = mrope_positions(torch.tensor(ids), list(GRIDS), config)
+    ours, _ = mrope_positions(torch.tensor(ids), [Media(g, None) for g in GRIDS], config)
     assert torch.equal(ours, positions[:, 0]) and int(ours.max()) + 1 - len(ids) == int(delta)
     q = torch.randn(len(ids), 4, 16, generator=torch.Generator().manual_seed(0))
     cos, sin = hf.model.language_model.rotary_emb(q, positions)

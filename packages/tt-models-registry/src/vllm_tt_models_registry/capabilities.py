@@ -14,6 +14,10 @@ KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state", 
 """The KV cache kinds a model may hold: vLLM's full-attention, sliding-window, latent-attention
 (MLA) and recurrent-state (Mamba-family) specs."""
 
+MODALITIES = ("image", "video")
+"""The multimodal inputs the contract carries to ``prefill_forward`` (``contract.IMAGE_KWARGS``,
+``contract.VIDEO_KWARGS``)."""
+
 
 @dataclass(frozen=True)
 class ModelCapabilities:
@@ -81,6 +85,9 @@ class ModelCapabilities:
     kv_cache_kinds: tuple[str, ...] = ("full_attention",)
     """The KV cache kinds its layers hold (``KV_CACHE_KINDS``); anything beyond full attention
     needs ``get_kv_cache_spec`` (per-layer specs, one page table per layer)."""
+    modalities: tuple[str, ...] = ("image",)
+    """The multimodal inputs (``MODALITIES``) a model vLLM recognises as multimodal takes; vLLM's
+    front end refuses a request with any other (its limit per prompt is set to 0)."""
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, *, owner: str) -> ModelCapabilities:
@@ -115,6 +122,15 @@ class ModelCapabilities:
                         _FIX,
                     )
                 value = tuple(v for v in KV_CACHE_KINDS if v in value)
+            elif f.name == "modalities":
+                if not isinstance(value, (list, tuple)) or not value or not all(v in MODALITIES for v in value):
+                    raise ContractError(
+                        owner,
+                        f"model_capabilities['modalities'] must be a non-empty list of "
+                        f"{', '.join(MODALITIES)}, got {value!r}",
+                        _FIX,
+                    )
+                value = tuple(v for v in MODALITIES if v in value)
             elif f.type == "bool" and not isinstance(value, bool):
                 raise ContractError(
                     owner,
@@ -158,6 +174,8 @@ class ModelCapabilities:
                 props[f.name] = {"type": "integer", "minimum": 0}
             elif f.name == "kv_cache_kinds":
                 props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(KV_CACHE_KINDS)}}
+            elif f.name == "modalities":
+                props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(MODALITIES)}}
             else:
                 props[f.name] = {"type": "array", "items": {"type": "integer", "minimum": 1}}
         return {"type": "object", "additionalProperties": False, "properties": props}

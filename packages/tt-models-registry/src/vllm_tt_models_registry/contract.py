@@ -22,6 +22,7 @@ __all__ = [
     "CROSS_PAGE_TABLE_KWARG",
     "KV_TRANSFER_HANDLE",
     "KV_TRANSFER_METHODS",
+    "VIDEO_KWARGS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "OPTIONAL_METHODS",
@@ -230,6 +231,16 @@ decoder layers) are not sent: the model computes them with its own tower from th
 ``prefill_forward`` and hands them to those layers itself (the host reference carries them in
 the row's ``PrefillInserts.layer_adds``)."""
 
+VIDEO_KWARGS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+"""The video keyword arguments of ``prefill_forward`` (a model declaring ``video`` in its
+``modalities``), laid out as :data:`IMAGE_KWARGS` over the same item lists: a request's images
+and videos are one list per row in prompt order, so ``pixel_values`` is ``None`` at a video's
+place and ``pixel_values_videos`` at an image's. Qwen2.5-VL: ``pixel_values_videos``
+``[patches, C*T*P*P]`` (frames as vLLM's processor sampled them, ``T`` of them per temporal
+patch), ``video_grid_thw`` int64 ``[3]`` and ``second_per_grid_ts`` (seconds one temporal
+patch spans: the mRoPE temporal index steps by it times ``tokens_per_second``). Qwen3-VL: the
+first two; the processor puts each frame's timestamp as text between its placeholder runs."""
+
 CROSS_PAGE_TABLE_KWARG = "cross_page_table"
 """``prefill_forward``'s and ``decode_forward``'s argument for a model declaring the
 ``cross_attention`` KV kind (an encoder-decoder model: Llama 3.2 Vision): int32 ``[rows, width]``
@@ -310,7 +321,7 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS),
+                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS, *VIDEO_KWARGS),
         ),
         CallShape(
             "decode_forward",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.exceptions import VLLMValidationError
+from vllm_tt_models_registry.capabilities import MODALITIES
 from vllm_tt_models_registry.contract import ModelCapabilities
 
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
@@ -61,16 +62,17 @@ def check_images(processed_inputs: Any, rules: RequestRules | None = None) -> No
     if rules is None or rules.image_tokens_per_pass is None or not placeholders:
         return
     limit = rules.image_tokens_per_pass
-    for index, span in enumerate(placeholders.get("image", ())):
-        if span.length > limit:
-            raise TTUnsupportedRequestError(
-                f"image {index} of the request spans {span.length} prompt tokens (its placeholders, "
-                f"with pan-and-scan its crops and the text between them), more than one prefill pass "
-                f"of {rules.arch} takes ({limit}: images are never split over prefill chunks). Send a "
-                f"smaller image or fewer crops, or serve with --max-num-batched-tokens of at least "
-                f"{span.length}.",
-                parameter="image", value=span.length,
-            )
+    for modality in MODALITIES:
+        for index, span in enumerate(placeholders.get(modality, ())):
+            if span.length > limit:
+                raise TTUnsupportedRequestError(
+                    f"{modality} {index} of the request spans {span.length} prompt tokens (its "
+                    f"placeholders, with pan-and-scan its crops, with a video its frames and the text "
+                    f"between them), more than one prefill pass of {rules.arch} takes ({limit}: "
+                    f"{modality}s are never split over prefill chunks). Send a smaller {modality}, fewer "
+                    f"crops or frames, or serve with --max-num-batched-tokens of at least {span.length}.",
+                    parameter=modality, value=span.length,
+                )
 
 
 def check_pooling_prompt(processed_inputs: Any, rules: RequestRules | None = None) -> None:

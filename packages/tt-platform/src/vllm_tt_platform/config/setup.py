@@ -140,12 +140,12 @@ def configure(vllm_config: VllmConfig) -> None:
         return
     check_vllm_features(vllm_config)
     refuse_unimplemented(vllm_config)
-    restrict_modalities(vllm_config)
     metrics_switch.enable_tt_metrics()
     eager = apply_enforce_eager(vllm_config, tt_section(vllm_config))
     if eager:
         logger.info_once(eager)
     setup = resolve_setup(vllm_config)
+    restrict_modalities(vllm_config, setup.model.arch, setup.capabilities.modalities)
     register_with_vllm(setup)
     data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
     setup = replace(setup, topology=_topology(vllm_config))

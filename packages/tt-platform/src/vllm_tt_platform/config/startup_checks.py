@@ -298,16 +298,13 @@ def check_capabilities(
 
 
 
-SERVED_MODALITIES: tuple[str, ...] = ("image",)
-"""The multimodal inputs the TT model contract carries (``IMAGE_KWARGS``)."""
-
-
-def restrict_modalities(vllm_config: VllmConfig) -> None:
-    """A multimodal model takes images only: a ``--limit-mm-per-prompt`` asking for another
-    modality is refused; the others get a limit of 0, so vLLM's own front end answers a
-    video or audio request with a 400 instead of the engine failing on it. An image's
-    placeholder tokens are never split over two prefill chunks (``disable_chunked_mm_input``):
-    the contract sends images whole, with the pass that computes their tokens."""
+def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, ...]) -> None:
+    """A multimodal model takes the modalities it declares (``ModelCapabilities.modalities``)
+    only: a ``--limit-mm-per-prompt`` asking for another is refused; the others get a limit of
+    0, so vLLM's own front end answers such a request with a 400 instead of the engine failing
+    on it. An item's placeholder tokens are never split over two prefill chunks
+    (``disable_chunked_mm_input``): the contract sends images and videos whole, with the pass
+    that computes their tokens."""
     model = vllm_config.model_config
     mm = None if model is None else model.multimodal_config
     if mm is None:
@@ -318,14 +315,16 @@ def restrict_modalities(vllm_config: VllmConfig) -> None:
             "remove --enable-mm-embeds and send images",
         )
     asked = {m: opts.count for m, opts in mm.limit_per_prompt.items()
-             if m not in SERVED_MODALITIES and opts.count > 0}
+             if m not in served and opts.count > 0}
     if asked:
         raise TTUnsupportedFeatureError(
-            "--limit-mm-per-prompt", asked, f"counts for {', '.join(SERVED_MODALITIES)} only",
-            "remove the other modalities from --limit-mm-per-prompt: TT models are sent images only",
+            "--limit-mm-per-prompt", asked, f"counts for {', '.join(served)} only",
+            f"remove the other modalities from --limit-mm-per-prompt: {arch} takes "
+            f"{', '.join(served)} only",
         )
     from vllm.config.multimodal import AudioDummyOptions, VideoDummyOptions
 
-    mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
+    if "video" not in served:
+        mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
     mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
     vllm_config.scheduler_config.disable_chunked_mm_input = True

@@ -1,9 +1,9 @@
 """A step's multimodal inputs, in the form the TT model contract takes them.
 
-Prefill: each row's images, gathered from the request's vLLM ``mm_features`` into the
-row-aligned lists of :data:`~vllm_tt_models_registry.contract.IMAGE_KWARGS` (the model runs its
-own vision encoder: the contract has no encoder cache, so every prefill pass of a row carries
-all its images). mRoPE: the position delta each prefill returns is kept on the request
+Prefill: each row's images and videos, gathered from the request's vLLM ``mm_features`` (prompt
+order) into the row-aligned lists of :data:`~vllm_tt_models_registry.contract.IMAGE_KWARGS` and
+``VIDEO_KWARGS`` (the model runs its own vision encoder: the contract has no encoder cache, so
+every prefill pass of a row carries all its items). mRoPE: the position delta each prefill returns is kept on the request
 (``RequestState.rope_delta``) and sent, slot-ordered, with every decode.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_tt_models_registry.contract import CALLS, IMAGE_KWARGS
+from vllm_tt_models_registry.capabilities import MODALITIES
+from vllm_tt_models_registry.contract import CALLS, IMAGE_KWARGS, VIDEO_KWARGS
 
-from vllm_tt_platform.config.startup_checks import SERVED_MODALITIES
 from vllm_tt_platform.runner.batch import RequestState
 
-_PREFILL_ARGUMENTS = {*CALLS["prefill_forward"].keywords, *CALLS["prefill_forward"].sometimes} - set(IMAGE_KWARGS)
+_PREFILL_ARGUMENTS = ({*CALLS["prefill_forward"].keywords, *CALLS["prefill_forward"].sometimes}
+                      - {*IMAGE_KWARGS, *VIDEO_KWARGS})
 """``prefill_forward``'s own arguments: an image key of the same name would replace one of them."""
 
 
@@ -28,8 +29,8 @@ class MultimodalInputError(RuntimeError):
 
 def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[Any] | None]]:
     """``{key: [row entry, ...]}`` for the prefill rows ``states`` (call order): ``None`` for a
-    row without images, else one tensor per image (``None`` where that image's processor output
-    has no such key, or vLLM did not send it: an image inside the prefix-cache hit comes without
+    row without images or videos, else one tensor per item (``None`` where that item's processor
+    output has no such key: an image's place in ``pixel_values_videos``, or vLLM did not send it: an image inside the prefix-cache hit comes without
     data). Empty when no row has an image: text-only steps send nothing."""
     rows: list[list[Any] | None] = []
     keys: dict[str, None] = {}  # insertion-ordered set
@@ -52,10 +53,10 @@ def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[
 
 
 def _image_data(state: RequestState, index: int, feature: Any) -> Any:
-    if feature.modality not in SERVED_MODALITIES:
+    if feature.modality not in MODALITIES:
         raise MultimodalInputError(
             f"request {state.req_id!r} item {index} is {feature.modality!r}; TT models are sent "
-            f"{', '.join(SERVED_MODALITIES)} only"
+            f"{', '.join(MODALITIES)} only"
         )
     if feature.data is None:
         position = feature.mm_position

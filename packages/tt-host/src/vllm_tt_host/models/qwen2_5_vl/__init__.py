@@ -10,5 +10,6 @@ FAMILY = HostFamily(
         "TTQwen2_5_VLForConditionalGeneration": "model:HostQwen2_5_VLForConditionalGeneration",
     },
     tiny=("vllm_tt_testing.tiny_qwen_vl",),
-    capabilities={"TTQwen2_5_VLForConditionalGeneration": decoder_without("supports_async_decode", "supports_verify_decode")},
+    capabilities={"TTQwen2_5_VLForConditionalGeneration": {
+        **decoder_without("supports_async_decode", "supports_verify_decode"), "modalities": ["image", "video"]}},
 )

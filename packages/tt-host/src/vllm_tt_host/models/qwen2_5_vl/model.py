@@ -45,8 +45,9 @@ from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.patch_grid import PatchGridConfig
 from vllm_tt_host.models.frame.rope import apply_rotary, inverse_frequencies
 from vllm_tt_host.models.frame.shapes import HostModelInputError
-from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels, image_runs, per_row
+from vllm_tt_host.models.frame.vision import PixelNorm, computed_pixels
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
+from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions, row_media
 from vllm_tt_host.models.qwen2_5_vl.vision import (
     VisionConfig,
     VisionTower,
@@ -67,11 +68,18 @@ class QwenVLConfig(DecoderConfig):
     """Rotated pairs per index (temporal, height, width); sums to ``head_dim / 2``."""
     vision: PatchGridConfig = field(kw_only=True)
     image_token_id: int = -1
+    video_token_id: int = -1
+    """-1: the checkpoint names no video token (its videos cannot be placed)."""
+    tokens_per_second: float = 1.0
+    """mRoPE temporal steps per second of video (Qwen2.5-VL's ``vision_config.tokens_per_second``)."""
 
     vision_type: ClassVar[type[PatchGridConfig]]
     interleaved_mrope: ClassVar[bool] = False
     """Which index turns each rotated pair: contiguous groups of ``mrope_section`` (Qwen2.5-VL),
     or interleaved t, h, w, t, h, w... up to each section's share (Qwen3-VL)."""
+    @property
+    def merge_size(self) -> int:
+        return self.vision.merge_size
 
     @classmethod
     def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Self:
@@ -90,10 +98,13 @@ class QwenVLConfig(DecoderConfig):
         image_token = getattr(hf_config, "image_token_id", None)
         if not isinstance(image_token, int) or image_token < 0:
             raise TTConfigError(f"{model}: image_token_id", image_token, "a token id", "check config.json")
+        video_token = getattr(hf_config, "video_token_id", None)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         fields["tie_word_embeddings"] = tied
-        return cls(**fields, mrope_section=section, vision=cls.vision_type.from_hf(vision), image_token_id=image_token)
+        return cls(**fields, mrope_section=section, vision=cls.vision_type.from_hf(vision), image_token_id=image_token,
+                   video_token_id=video_token if isinstance(video_token, int) else -1,
+                   tokens_per_second=float(getattr(vision, "tokens_per_second", None) or 1.0))
 
     def mrope_axes(self) -> torch.Tensor:
         """``[head_dim / 2]``: which index (0 t, 1 h, 2 w) turns each rotated pair."""
@@ -166,64 +177,6 @@ class MropeInserts(PrefillInserts):
     """``max index + 1 - end`` over the row's tokens so far: its decode position offset."""
 
 
-@dataclass(frozen=True)
-class RowImages:
-    """One prefill row's images as the runner sent them, in prompt order."""
-
-    pixels: list[torch.Tensor | None]
-    """None: an image inside the prefix-cache hit (vLLM keeps only its grid)."""
-    grids: list[tuple[int, int, int]]
-
-    @classmethod
-    def of(cls, pixel_values: Any, grid_thw: Any, rows: int) -> list[RowImages]:
-        out = []
-        for row in range(rows):
-            grids = _row_list(grid_thw, row, rows, "image_grid_thw")
-            # No pixel_values at all: every image of the call is inside its row's prefix-cache hit.
-            pixels = [None] * len(grids) if pixel_values is None else _row_list(pixel_values, row, rows,
-                                                                                  "pixel_values")
-            if len(pixels) != len(grids):
-                raise HostModelInputError(f"row {row}: {len(pixels)} pixel_values but {len(grids)} image_grid_thw")
-            out.append(cls([None if p is None else torch.as_tensor(p) for p in pixels], [_grid(g, row) for g in grids]))
-        return out
-
-
-def _grid(value: Any, row: int) -> tuple[int, int, int]:
-    thw = [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
-    if len(thw) != 3:
-        raise HostModelInputError(f"row {row}: image_grid_thw entries are (t, h, w), got {thw}")
-    return thw[0], thw[1], thw[2]
-
-
-def _row_list(values: Any, row: int, rows: int, name: str) -> list[Any]:
-    return list(per_row(values, rows, name)[row] or [])
-
-
-def mrope_positions(ids: torch.Tensor, grids: list[tuple[int, int, int]], config: QwenVLConfig,
-                    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """The ``[3, len(ids)]`` mRoPE indices of a row's tokens and the ``[first, stop)`` of each
-    image's placeholders; the ``i``-th placeholder run is image ``i`` of ``grids``."""
-    merge = config.vision.merge_size
-    runs = image_runs(ids, config.image_token_id)
-    if len(runs) > len(grids):
-        raise HostModelInputError(f"the tokens hold {len(runs)} image placeholder runs, {len(grids)} images were sent")
-    parts, cursor, next_index = [], 0, 0
-    for (first, stop), (t, h, w) in zip(runs, grids, strict=False):
-        if stop - first != t * h * w // merge**2:
-            raise HostModelInputError(
-                f"an image placeholder run at {first}..{stop} has {stop - first} tokens, its grid {(t, h, w)} "
-                f"gives {t * h * w // merge**2} (or the chunk end cuts an image: the runner must not split one)"
-            )
-        parts.append(torch.arange(first - cursor).expand(3, -1) + next_index)
-        next_index += first - cursor
-        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h // merge), torch.arange(w // merge), indexing="ij")
-        parts.append(torch.stack((tt, hh, ww)).reshape(3, -1) + next_index)
-        next_index += max(h, w) // merge
-        cursor = stop
-    parts.append(torch.arange(ids.shape[0] - cursor).expand(3, -1) + next_index)
-    return torch.cat(parts, dim=1), runs
-
-
 class QwenVLDecoder(HostDecoder):
     """A Qwen-VL text decoder with its vision tower: mRoPE on every layer, image features in
     place of the placeholder embeddings. A family names its tower (``load_tower``) and what
@@ -271,19 +224,22 @@ class QwenVLDecoder(HostDecoder):
         with self.mrope.shifted(self.slot_deltas):
             return super().decode(tokens, positions, page_tables, kv, rows_per_lane)
 
-    def row_inserts(self, ids: torch.Tensor, start: int, images: RowImages, row: int,
+    def row_inserts(self, ids: torch.Tensor, start: int, media: list[Media], row: int,
                     run_tower: bool = True) -> MropeInserts:
         """Row ``row``'s inputs for computing ``[start, len(ids))`` of the token history ``ids``
         (``run_tower`` false: positions only, for synthetic tokens)."""
-        positions, runs = mrope_positions(ids, images.grids, self.config)
-        live = [k for k, (_, stop) in enumerate(runs) if stop > start and run_tower]  # others: KV cached
-        pixels = computed_pixels({k: images.pixels[k] for k in live}, row, start)
+        positions, runs = mrope_positions(ids, media, self.config)
+        live = list(dict.fromkeys(r.item for r in runs if r.stop > start and run_tower))  # others: KV cached
+        pixels = computed_pixels({k: media[k].pixels for k in live}, row, start)
+        features = {k: self.encode(p, media[k].grid) for k, p in zip(live, pixels, strict=True)}
         index, parts = [], []
-        for k, image_pixels in zip(live, pixels, strict=True):
-            (first, stop), grid = runs[k], images.grids[k]
-            lo = max(first, start)
-            index.append(torch.arange(lo, stop) - start)
-            parts.append([f[lo - first:] for f in self.encode(image_pixels, grid)])
+        for run in runs:
+            if run.item not in features or run.stop <= start:
+                continue
+            lo = max(run.first, start)
+            index.append(torch.arange(lo, run.stop) - start)
+            parts.append([f[run.offset + lo - run.first : run.offset + run.stop - run.first]
+                          for f in features[run.item]])
         end = ids.shape[0]
         stacked = [torch.cat(p) for p in zip(*parts, strict=True)] or [torch.zeros(0, self.config.hidden_size)]
         return MropeInserts(
@@ -326,8 +282,8 @@ class HostQwenVLModel(HostCausalLM):
 
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:
-        images = RowImages.of(kwargs.get("pixel_values"), kwargs.get("image_grid_thw"), len(rows))
-        inserts = [self.decoder.row_inserts(tokens[i, : row.end].long(), row.start, images[i], i,
+        media = row_media(kwargs, len(rows))
+        inserts = [self.decoder.row_inserts(tokens[i, : row.end].long(), row.start, media[i], i,
                                             run_tower=self.synthetic is None)
                    for i, row in enumerate(rows)]
         self._call_deltas = [i.delta for i in inserts]
@@ -363,10 +319,12 @@ class HostQwenVLModel(HostCausalLM):
 
 @vllm_multimodal_processing(VllmQwen2_5_VL)
 class HostQwen2_5_VLForConditionalGeneration(HostQwenVLModel):
-    """Qwen2.5-VL with images: prefill rows carry ``pixel_values`` + ``image_grid_thw``; prefill
-    returns ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+    """Qwen2.5-VL with images and videos: prefill rows carry ``pixel_values`` + ``image_grid_thw``
+    and ``pixel_values_videos`` + ``video_grid_thw`` + ``second_per_grid_ts``; prefill returns
+    ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
 
     family = "qwen2"
+    model_capabilities: ClassVar[dict[str, Any]] = {**HostQwenVLModel.model_capabilities, "modalities": ("image", "video")}
     config_type = Qwen25VLConfig
     decoder_type = Qwen25VLDecoder
     decoder: Qwen25VLDecoder

@@ -1,0 +1,118 @@
+"""Qwen2.5-VL video through vLLM's engine on the host mesh backend.
+
+Videos go in as frames (``multi_modal_data={"video": (frames, metadata)}``: an ``[F, H, W, 3]``
+uint8 array and its clock, the form vLLM's Qwen2.5-VL processor takes; no video file is decoded,
+so the frames vLLM and transformers see are the same by construction). vLLM's processor turns
+them into ``pixel_values_videos``, ``video_grid_thw`` and ``second_per_grid_ts``; the host model
+runs the tower over the frames and steps the video tokens' mRoPE temporal index with the
+video's clock. Greedy outputs equal transformers' ``generate()`` token for token for text-only,
+one-video, and image-plus-video prompts side by side, prefilled in chunks of at most 48 tokens
+that never end inside an image or a video."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_tt_testing.checkpoints import cached
+from vllm_tt_testing.tiny_qwen_vl import build_tiny_qwen_vl
+from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
+
+from tests.e2e import vl_chat
+from tests.e2e.helpers import offline_llm
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 12
+FRAMES, FPS = 4, 2.0
+"""Four frames at 2 fps: two temporal patches of one second each (video tokens at temporal
+index 0 and ``tokens_per_second``)."""
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+REQUESTS: list[tuple[str, ...]] = [("video",), (), ("image", "video"), ("video",)]
+"""The items of each prompt, in prompt order; the two one-video prompts have different frames."""
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
+
+
+@pytest.fixture(scope="module")
+def hf_vl(checkpoint):
+    return vl_chat.load_hf(checkpoint)
+
+
+def frames(salt: int) -> np.ndarray:
+    """``[FRAMES, 32, 32, 3]`` uint8: frames of one synthetic kind (``salt % 4``), each its own pixels."""
+    return np.stack([synthetic_image(salt % 4, 10 * salt + i, (32, 32)) for i in range(FRAMES)])
+
+
+def metadata() -> dict[str, Any]:
+    return {"fps": FPS, "duration": FRAMES / FPS, "total_num_frames": FRAMES, "frames_indices": list(range(FRAMES)),
+            "video_backend": "opencv", "do_sample_frames": False}
+
+
+def prompt_text(items: tuple[str, ...]) -> str:
+    """The chat prompt; one with two items leads with text, so that a chunk may end before them."""
+    parts = "".join(VIDEO if m == "video" else IMAGE for m in items)
+    lead = " ".join([QUESTION] * 3) if len(items) > 1 else ""
+    return f"<|im_start|>user\n{lead}{parts}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int) -> tuple[list[int], list[int]]:
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    model, processor = hf_vl
+    media: dict[str, Any] = {}
+    if "image" in items:
+        media["images"] = vl_chat.images((2,), salt)
+    if "video" in items:
+        meta = {k: v for k, v in metadata().items() if k != "do_sample_frames"}
+        media.update(videos=[frames(salt)], video_metadata=[VideoMetadata(**meta)], do_sample_frames=False)
+    inputs = processor(text=[prompt_text(items)], return_tensors="pt", **media)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    prompt = inputs["input_ids"][0].tolist()
+    return prompt, out[0, len(prompt):].tolist()
+
+
+def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if "image" in items:
+        data["image"] = vl_chat.images((2,), salt)
+    if "video" in items:
+        data["video"] = [(frames(salt), metadata())]
+    return {"prompt": prompt_text(items), **({"multi_modal_data": data} if data else {})}
+
+
+def test_llm_generate_with_videos_equals_transformers_chunked(checkpoint, hf_vl, tmp_path):
+    """Four requests at once on 4 decode rows, prefill chunks of at most 48 tokens
+    (``long_prefill_token_threshold``; the step budget must hold vLLM's size of a video item, the
+    model length): the 83-token image-plus-video prompt is prefilled in chunks that end outside
+    its image and its video."""
+    from vllm import SamplingParams
+
+    trace = tmp_path / "steps.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TT_STEP_TRACE", str(trace))
+        llm = offline_llm(model=str(checkpoint), max_model_len=96, max_num_seqs=4, max_num_batched_tokens=96,
+                          long_prefill_token_threshold=48, enable_chunked_prefill=True, enable_prefix_caching=False,
+                          limit_mm_per_prompt={"image": 1, "video": {"count": 1, "num_frames": FRAMES,
+                                                                     "width": 32, "height": 32}},
+                          seed=0, additional_config={"tt": {"mesh_backend": "host"}})
+    salts = range(len(REQUESTS))
+    results = llm.generate([vllm_prompt(items, salt) for items, salt in zip(REQUESTS, salts, strict=True)],
+                           SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    del llm
+    expected = [hf_generate(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
+    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
+    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(items, g[1], e[1]) for items, g, e in zip(REQUESTS, got, expected, strict=True) if g[1] != e[1]]
+    assert not mismatches, mismatches
+    assert got[0][1] != got[3][1], "different frames give different answers"
+    config = hf_vl[0].config
+    assert vl_chat.assert_chunks_keep_images(trace, results, config.video_token_id) >= 1
+    vl_chat.assert_chunks_keep_images(trace, results, config.image_token_id)
