@@ -110,6 +110,15 @@ def fuzz(session: nox.Session) -> None:
                 env={**TEST_ENV, "TT_FUZZ_EXAMPLES": "100"})
 
 
+@nox.session(name="flag-fuzz")
+def flag_fuzz(session: nox.Session) -> None:
+    """200 seeded combinations of `vllm serve` options vLLM accepts, each built through vLLM's
+    validation and the TT startup checks, plus a sample of real starts serving one request;
+    results in benchmarks/results/flag_fuzz.* (the suite runs a sample: tests/test_flag_fuzz.py)."""
+    _install(session, NEWEST)
+    session.run("python", "benchmarks/flag_fuzz.py", *session.posargs, env=TEST_ENV)
+
+
 @nox.session
 def streams(session: nox.Session) -> None:
     """1,000 concurrent streams against one `vllm serve`, a quarter cut by the client; results in

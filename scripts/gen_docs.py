@@ -1,8 +1,9 @@
 """Write the generated docs pages or, with --check, fail if any is stale.
 
 The pages: the configuration reference (from ``TTConfig`` and the env tables), the model families and the
-feature-support matrix (from the model registry, scripts/model_pages.py, and the ``vllm serve`` surface
-table, ``vllm_tt_platform.config.serve_surface``); in every other page the
+feature-support matrix (from the model registry, scripts/model_pages.py, the ``vllm serve`` surface
+table, ``vllm_tt_platform.config.serve_surface``, and the request-field table, ``request_surface``); in
+every other page the
 ``<!-- generated: NAME -->`` figures (scripts/doc_figures.py, from benchmarks/results). --check also
 fails on a machine-local path or a hand-written test figure in README.md or docs/*.md.
 """
@@ -17,6 +18,7 @@ import doc_figures
 from model_pages import features_page, models_page
 from vllm_tt_host.envs import markdown_table as host_env_table
 from vllm_tt_platform.config.options import markdown_reference
+from vllm_tt_platform.config.request_surface import markdown_table as request_surface_table
 from vllm_tt_platform.config.serve_surface import markdown_table as serve_surface_table
 
 
@@ -27,8 +29,9 @@ def configuration_page() -> str:
 
 
 def feature_page() -> str:
-    """The model families' features, then what each of vLLM's own serve options does on TT."""
-    return features_page() + "\n" + serve_surface_table()
+    """The model families' features, then what each of vLLM's own serve options and request fields
+    does on TT."""
+    return features_page() + "\n" + serve_surface_table() + "\n" + request_surface_table()
 
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from vllm_tt_platform.config.serve_surface import SURFACE, Entry, Support, problems, resolve
+from vllm_tt_platform.config.serve_surface import SURFACE, problems
+from vllm_tt_platform.config.surface import Entry, Support, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,18 +47,28 @@ def test_a_destination_two_prefix_rules_match_is_ambiguous():
     assert resolve("tt_other", surface).entry is surface[0]
 
 
+def defines_test(root: Path, proof: str) -> bool:
+    """Whether the pytest node id ``path::test`` names a test function that exists."""
+    path, _, name = proof.partition("::")
+    source = root / path
+    return source.is_file() and bool(
+        re.search(rf"^(async )?def {re.escape(name)}\(", source.read_text(), re.MULTILINE))
+
+
+def defines_check(proof: str) -> bool:
+    """Whether ``module:function`` names a function that exists."""
+    module, _, function = proof.partition(":")
+    return callable(getattr(importlib.import_module(module), function, None))
+
+
 @pytest.mark.parametrize("entry", [e for e in SURFACE if e.support is Support.WORKS], ids=lambda e: e.proof)
 def test_every_works_entry_names_a_test_that_exists(entry):
-    path, _, name = entry.proof.partition("::")
-    source = ROOT / path
-    assert source.is_file(), entry.proof
-    assert re.search(rf"^(async )?def {re.escape(name)}\(", source.read_text(), re.MULTILINE), entry.proof
+    assert defines_test(ROOT, entry.proof), entry.proof
 
 
 @pytest.mark.parametrize("entry", [e for e in SURFACE if e.support is Support.REFUSED], ids=lambda e: e.proof)
 def test_every_refused_entry_names_a_check_that_exists(entry):
-    module, _, function = entry.proof.partition(":")
-    assert callable(getattr(importlib.import_module(module), function, None)), entry.proof
+    assert defines_check(entry.proof), entry.proof
 
 
 def test_every_entry_names_destinations_or_a_prefix_and_says_why():

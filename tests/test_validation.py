@@ -65,6 +65,8 @@ CASES = [
      TTUnsupportedFeatureError, "--kv-offloading-size with lanes"),
     # a decoder pools as an embedding model; a classifier is its own architecture (--hf-overrides)
     ("pooling-convert", {"runner": "pooling", "convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
+    # --convert alone: vLLM turns it into --runner pooling first, the error still names --convert
+    ("convert-alone", {"convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",
@@ -81,6 +83,13 @@ CASES = [
         "--enable-prompt-embeds",
     ),
     ("block-size", {"block_size": 16}, {}, TTConfigError, "--block-size"),
+    # accepted by vLLM, not implemented on TT: refused by name instead of ignored (config.unimplemented)
+    ("dbo", {"enable_dbo": True}, {}, TTUnsupportedFeatureError, "--enable-dbo"),
+    ("cpu-offload", {"cpu_offload_gb": 1}, {}, TTUnsupportedFeatureError, "--cpu-offload-gb"),
+    ("routed-experts", {"enable_return_routed_experts": True}, {}, TTUnsupportedFeatureError,
+     "--enable-return-routed-experts"),
+    ("eager-and-traces", {"enforce_eager": True, "additional_config": _host(trace_mode="all")}, {},
+     TTConfigError, "--additional-config.tt.trace_mode"),
     (
         "v2-runner",
         {},
@@ -186,6 +195,18 @@ def test_bad_configuration(llama, monkeypatch, args, env, error, setting):
         EngineArgs(model=str(llama), max_model_len=256, **kwargs).create_engine_config()
     assert setting in str(info.value)
     assert "Fix:" in str(info.value)
+
+
+def test_enforce_eager_is_trace_mode_none_and_chunked_prefill_off_is_kept(llama):
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(llama), max_model_len=256, max_num_batched_tokens=256, enforce_eager=True,
+                        enable_chunked_prefill=False, additional_config=_host()).create_engine_config()
+    assert config.additional_config["tt"]["trace_mode"] == "none"
+    assert config.scheduler_config.enable_chunked_prefill is False
+    default = EngineArgs(model=str(llama), max_model_len=256, additional_config=_host()).create_engine_config()
+    assert "trace_mode" not in default.additional_config["tt"]
+    assert default.scheduler_config.enable_chunked_prefill is True
 
 
 def test_device_sampling_needs_the_model_capability(llama, no_device_sampling_bundle):

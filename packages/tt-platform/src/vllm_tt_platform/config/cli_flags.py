@@ -12,9 +12,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-RECORDED = ("async_scheduling", "enable_prefix_caching", "disable_log_stats")
-"""Destinations of the vLLM options whose explicit use turns a downgrade into an error (and
-``--disable-log-stats``, which turns the TT metrics off)."""
+RECORDED = ("async_scheduling", "enable_prefix_caching", "disable_log_stats", "max_num_batched_tokens")
+"""Destinations of the vLLM options whose explicit use turns a downgrade (or a pooling model's
+raised step budget) into an error, and ``--disable-log-stats``, which turns the TT metrics off."""
 
 _given: set[str] = set()
 """Destinations set on this process's command line: ``--x``, ``--no-x`` or a ``--config`` file
@@ -68,3 +68,12 @@ def given_value(dest: str) -> Any:
 def parsed_command_line() -> bool:
     """Whether this process parsed vLLM's command line (``vllm serve``'s front end)."""
     return _parser_seen
+
+
+def forget() -> None:
+    """Forget the command line recorded so far, for a process that parses many in turn (the flag
+    fuzz, ``vllm_tt_testing.flag_fuzz``); ``vllm serve`` parses one."""
+    global _parser_seen
+    _given.clear()
+    _values.clear()
+    _parser_seen = False

@@ -10,43 +10,8 @@ resolve. Exact entries win over prefix rules; a destination matching two prefix 
 from __future__ import annotations
 
 import argparse
-import enum
-from dataclasses import dataclass
 
-
-class Support(enum.Enum):
-    WORKS = "works"
-    """Served on TT; ``proof`` is the pytest node id (``path::test``) that shows it."""
-    REFUSED = "refused"
-    """Refused at startup with a typed error; ``proof`` is the check (``module:function``)."""
-    FRONT_END = "front end"
-    """Platform-independent API-server, tokenizer-side or logging option: vLLM's own front end
-    acts on it exactly as on any platform; not the TT backend's concern."""
-    NOT_APPLICABLE = "n/a"
-    """Acts on a GPU, CUDA kernel, NCCL or Ray mechanism the TT backend does not use."""
-    GAP = "ignored (gap)"
-    """Accepted but ignored, overridden or unverified on TT: a user may believe it is on.
-    These are issue #36's to-do list."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One class for a set of destinations: named exactly, or by a common prefix."""
-
-    support: Support
-    proof: str
-    """The test node id (WORKS), the check ``module:function`` (REFUSED), or why (the others)."""
-    dests: tuple[str, ...] = ()
-    prefix: str = ""
-
-
-@dataclass(frozen=True)
-class Resolution:
-    dest: str
-    entry: Entry | None
-    """None: unclassified (no entry) or ambiguous (``clashes`` lists the rules)."""
-    clashes: tuple[Entry, ...] = ()
-
+from vllm_tt_platform.config.surface import Entry, Support, class_legend, table_rows, unresolved
 
 _FEATURES = "vllm_tt_platform.config.startup_checks:check_vllm_features"
 _MODALITIES = "vllm_tt_platform.config.startup_checks:restrict_modalities"
@@ -54,6 +19,8 @@ _SERVE = "tests/e2e/test_serve.py::test_completion"
 _LANES = "tests/e2e/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output"
 _MULTI_HOST = ("tests/e2e/test_multi_host.py::"
                "test_dense_ranks_on_two_hosts_equal_hf_and_the_head_stops_when_the_other_host_dies")
+_KNOBS = "tests/e2e/test_knobs_serve.py::"
+_UNIMPLEMENTED = "vllm_tt_platform.config.unimplemented:refuse_unimplemented"
 _VL = "tests/e2e/test_vl_serve.py::test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input"
 
 W, R, F, N, G = Support.WORKS, Support.REFUSED, Support.FRONT_END, Support.NOT_APPLICABLE, Support.GAP
@@ -91,6 +58,13 @@ SURFACE: tuple[Entry, ...] = (
            "test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host"),
           ("additional_config",)),
     Entry(W, "tests/test_cli_flags.py::test_config_file_entry_is_recorded", ("config",)),
+    Entry(W, _KNOBS + "test_both_served_names_answer_and_equal_transformers", ("seed", "tokenizer_mode")),
+    Entry(W, _KNOBS + "test_enforce_eager_is_said_at_startup_and_runs_without_traces", ("enforce_eager",)),
+    Entry(W, _KNOBS + "test_chunked_prefill_off_prefills_a_long_prompt_in_one_step", ("enable_chunked_prefill",)),
+    Entry(W, _KNOBS + "test_generation_config_defaults_apply_to_requests_without_them",
+          ("generation_config", "override_generation_config")),
+    Entry(W, _KNOBS + "test_max_logprobs_bounds_requests_by_name", ("max_logprobs",)),
+    Entry(W, _KNOBS + "test_high_priority_requests_start_first_on_a_saturated_server", ("scheduling_policy",)),
     Entry(W, "tests/e2e/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
           ("kv_offloading_size", "kv_offloading_backend")),
     # --- refused at startup ------------------------------------------------------------------
@@ -105,6 +79,9 @@ SURFACE: tuple[Entry, ...] = (
                          "enable_mixed_moe_lora_format", "enable_moe_shared_loras", "max_lora_cls_labels")),
     Entry(R, _FEATURES, prefix="sleep_"),
     Entry(R, _MODALITIES, ("enable_mm_embeds",)),
+    Entry(R, _UNIMPLEMENTED, ("decode_context_parallel_size", "prefill_context_parallel_size",
+                              "enable_expert_parallel", "enable_eplb", "enable_dbo", "cpu_offload_gb",
+                              "enable_return_routed_experts", "watermark_config")),
     # --- platform-independent front end ------------------------------------------------------
     Entry(F, "vLLM's OpenAI API server: HTTP, TLS, CORS, auth, docs, access logs", (
         "uds", "uvicorn_log_level", "disable_uvicorn_access_log", "disable_access_log_for_endpoints",
@@ -159,21 +136,17 @@ SURFACE: tuple[Entry, ...] = (
     # --- accepted but ignored, overridden or unverified on TT: the to-do list ----------------
     Entry(G, "overwritten: the TT platform installs its own scheduler / worker classes", (
         "scheduler_cls", "worker_cls")),
-    Entry(G, "overwritten: the TT platform forces chunked prefill on", ("enable_chunked_prefill",)),
-    Entry(G, "trace mode is set by --additional-config.tt.trace_mode; --enforce-eager is not read",
-          ("enforce_eager",)),
-    Entry(G, "the TT phase scheduler and lanes do not order by priority", ("scheduling_policy",)),
     Entry(G, "not read: the runner sizes the KV cache on the mesh (its budget, or --num-gpu-blocks-override)", (
         "gpu_memory_utilization", "kv_cache_memory_bytes")),
     Entry(G, "accepted, no TT test shows its effect", (
-        "seed", "tokenizer_mode", "dtype", "quantization", "quantization_config", "allow_deprecated_quantization",
-        "max_logprobs", "logprobs_mode", "generation_config", "override_generation_config", "skip_tokenizer_init",
+        "dtype", "quantization", "quantization_config", "allow_deprecated_quantization",
+        "logprobs_mode", "skip_tokenizer_init",
         "model_class_overrides", "model_impl", "logits_processors",
         "io_processor_plugin", "load_format", "model_loader_extra_config", "pt_load_map_location",
-        "disable_sliding_window", "enable_return_routed_experts", "return_sampling_mask", "enable_trace_replay",
+        "disable_sliding_window", "return_sampling_mask", "enable_trace_replay",
         "max_num_scheduled_tokens", "max_num_active_seqs", "max_num_queued_reqs", "max_num_queued_tokens",
         "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive", "disable_chunked_mm_input",
-        "scheduler_reserve_full_isl", "watermark", "watermark_config", "prefill_schedule_interval",
+        "scheduler_reserve_full_isl", "watermark", "prefill_schedule_interval",
         "disable_hybrid_kv_cache_manager", "stream_interval", "kv_cache_dtype", "kv_cache_dtype_skip_layers",
         "prefix_caching_hash_algo", "prefix_cache_retention_interval", "prefix_match_unit",
         "kv_sharing_fast_prefill", "swa_bounded_replay", "language_model_only", "skip_mm_profiling",
@@ -192,29 +165,18 @@ SURFACE: tuple[Entry, ...] = (
         "enable_mamba_shared_prefix_checkpoint", "enable_mamba_cache_stochastic_rounding",
         "mamba_cache_philox_rounds", "replayssm_buffer_len", "use_replayssm")),
     Entry(G, "weight offloading to host memory: accepted, not implemented for the mesh's weights", (
-        "offload_backend", "cpu_offload_gb", "cpu_offload_params",
+        "offload_backend", "cpu_offload_params",
         "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params")),
     Entry(G, "parallelism variants beyond -dp: not checked by the TT platform", (
-        "decode_context_parallel_size", "dcp_q_replicate", "dcp_kv_cache_interleave_size",
-        "cp_kv_cache_interleave_size", "prefill_context_parallel_size", "data_parallel_rank",
+        "dcp_q_replicate", "dcp_kv_cache_interleave_size",
+        "cp_kv_cache_interleave_size", "data_parallel_rank",
         "data_parallel_hybrid_lb", "data_parallel_external_lb", "data_parallel_multi_port_external_lb",
-        "enable_expert_parallel", "enable_batch_sharded_sampling", "enable_ep_weight_filter", "enable_dbo",
+        "enable_batch_sharded_sampling", "enable_ep_weight_filter",
         "ubatch_size", "enable_elastic_ep", "elastic_ep_max_dp_size", "dbo_decode_token_threshold",
-        "dp_sync_interval", "dbo_prefill_token_threshold", "enable_eplb", "eplb_config",
+        "dp_sync_interval", "dbo_prefill_token_threshold", "eplb_config",
         "expert_placement_strategy")),
 )
 """Every ``vllm serve`` destination of vLLM 0.31, 0.32 and 0.33, by class."""
-
-
-def resolve(dest: str, surface: tuple[Entry, ...] = SURFACE) -> Resolution:
-    """The one entry classifying ``dest``: its exact entry, else the one prefix rule it matches."""
-    exact = [e for e in surface if dest in e.dests]
-    if exact:
-        return Resolution(dest, exact[0] if len(exact) == 1 else None, tuple(exact) if len(exact) > 1 else ())
-    by_prefix = [e for e in surface if e.prefix and dest.startswith(e.prefix)]
-    if len(by_prefix) == 1:
-        return Resolution(dest, by_prefix[0])
-    return Resolution(dest, None, tuple(by_prefix))
 
 
 def destinations(parser: argparse.ArgumentParser) -> list[str]:
@@ -224,12 +186,7 @@ def destinations(parser: argparse.ArgumentParser) -> list[str]:
 
 def problems(parser: argparse.ArgumentParser, surface: tuple[Entry, ...] = SURFACE) -> list[str]:
     """One line per option destination of ``parser`` the table does not resolve to exactly one class."""
-    out = []
-    for dest in destinations(parser):
-        res = resolve(dest, surface)
-        if res.entry is None:
-            out.append(f"{dest}: " + (f"matched by {len(res.clashes)} entries" if res.clashes else "unclassified"))
-    return out
+    return unresolved(destinations(parser), surface)
 
 
 def flag(dest: str) -> str:
@@ -239,7 +196,7 @@ def flag(dest: str) -> str:
 
 def markdown_table() -> str:
     """The docs' ``vllm serve`` surface section: one row per entry, grouped by class."""
-    lines = [
+    return "\n".join([
         "## vLLM's `vllm serve` options",
         "",
         "<!-- Generated from vllm_tt_platform.config.serve_surface by `python scripts/gen_docs.py`; "
@@ -247,23 +204,7 @@ def markdown_table() -> str:
         "",
         "What the TT backend does with every `vllm serve` option of vLLM 0.31 to 0.33 "
         "(`tests/test_serve_surface.py` fails on an option of the installed vLLM this table lacks). "
-        + " ".join(f"**{s.value}**: {_CLASS_DOCS[s]}" for s in Support),
+        + class_legend(),
         "",
-        "| class | options | proof or reason |",
-        "|---|---|---|",
-    ]
-    for support in Support:
-        for entry in (e for e in SURFACE if e.support is support):
-            names = ", ".join(f"`{flag(d)}`" for d in entry.dests) if entry.dests else f"`{flag(entry.prefix)}*`"
-            why = f"`{entry.proof}`" if support in (Support.WORKS, Support.REFUSED) else entry.proof
-            lines.append(f"| {support.value} | {names} | {why} |")
-    return "\n".join(lines) + "\n"
-
-
-_CLASS_DOCS = {
-    Support.WORKS: "served on TT, with the test that shows it.",
-    Support.REFUSED: "refused at startup with an error naming the option, by the check named.",
-    Support.FRONT_END: "acted on by vLLM's own front end, as on any platform.",
-    Support.NOT_APPLICABLE: "a GPU, CUDA kernel, NCCL or Ray mechanism the TT backend does not use.",
-    Support.GAP: "accepted but ignored, overridden or not yet shown to work on TT (the to-do list).",
-}
+        *table_rows(SURFACE, flag),
+    ]) + "\n"

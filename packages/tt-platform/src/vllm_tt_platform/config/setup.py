@@ -20,6 +20,7 @@ from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, re
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
+    apply_enforce_eager,
     check_capabilities,
     check_encoder_decoder,
     check_environment,
@@ -31,6 +32,7 @@ from vllm_tt_platform.config.startup_checks import (
     serves_pooling,
 )
 from vllm_tt_platform.config.step_cost import hand_step_cost
+from vllm_tt_platform.config.unimplemented import refuse_unimplemented
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.backend import find_backend
 from vllm_tt_platform.mesh.shape import mesh_request
@@ -137,7 +139,11 @@ def configure(vllm_config: VllmConfig) -> None:
     if vllm_config.model_config is None:
         return
     check_vllm_features(vllm_config)
+    refuse_unimplemented(vllm_config)
     metrics_switch.enable_tt_metrics()
+    eager = apply_enforce_eager(vllm_config, tt_section(vllm_config))
+    if eager:
+        logger.info_once(eager)
     setup = resolve_setup(vllm_config)
     restrict_modalities(vllm_config, setup.model.arch, setup.capabilities.modalities)
     register_with_vllm(setup)
@@ -214,19 +220,27 @@ def configure(vllm_config: VllmConfig) -> None:
         scheduler.scheduler_cls = LANE_SCHEDULER_CLS
     else:
         scheduler.scheduler_cls = ASYNC_SCHEDULER_CLS if scheduler.async_scheduling else SCHEDULER_CLS
-    scheduler.enable_chunked_prefill = not pooling
+    # A pooling prompt runs whole; a generation model chunks unless the user turned it off
+    # (vLLM's own default is on: off is always the user's choice).
+    scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not pooling
 
 
 def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:
     """A pooling model runs each prompt whole in one prefill step: no chunking, no prefix cache
-    (no KV cache), no decode to overlap; a step must hold the longest shape's prompt."""
+    (no KV cache), no decode to overlap; a step must hold the longest shape's prompt: vLLM's
+    default step budget is raised to it (as vLLM does with chunked prefill off), a budget the
+    user gave below it is an error."""
     sched = vllm_config.scheduler_config
     if sched.max_num_batched_tokens < max_len:
-        raise TTConfigError(
-            "--max-num-batched-tokens", sched.max_num_batched_tokens,
-            f"at least the longest pooling shape ({max_len} tokens: pooling prompts are never chunked)",
-            f"pass --max-num-batched-tokens {max_len} or more, or shorten --additional-config.tt.pooling_shapes",
-        )
+        if cli_flags.given("max_num_batched_tokens"):
+            raise TTConfigError(
+                "--max-num-batched-tokens", sched.max_num_batched_tokens,
+                f"at least the longest pooling shape ({max_len} tokens: pooling prompts are never chunked)",
+                f"pass --max-num-batched-tokens {max_len} or more, or shorten --additional-config.tt.pooling_shapes",
+            )
+        logger.info("Step budget %d tokens (was vLLM's default %d): the longest pooling shape, as pooling "
+                    "prompts are never chunked.", max_len, sched.max_num_batched_tokens)
+        sched.max_num_batched_tokens = max_len
     vllm_config.cache_config.enable_prefix_caching = False
     sched.async_scheduling = False
 

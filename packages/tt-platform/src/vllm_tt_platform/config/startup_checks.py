@@ -7,8 +7,8 @@ info line instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
@@ -94,6 +94,23 @@ def check_vllm_features(vllm_config: VllmConfig) -> None:
                             "use --block-size 32 or 64")
 
 
+def apply_enforce_eager(vllm_config: VllmConfig, tt: MutableMapping[str, Any]) -> str | None:
+    """``--enforce-eager`` means no captured graphs; on TT that is ``trace_mode none`` (every
+    program runs eagerly). Returns the line to log at startup, None without ``--enforce-eager``.
+    A ``trace_mode`` asking for traces as well is a contradiction, refused by name."""
+    model = vllm_config.model_config
+    if model is None or not model.enforce_eager:
+        return None
+    mode = tt.get("trace_mode", "none")
+    if mode != "none":
+        raise TTConfigError(
+            "--additional-config.tt.trace_mode", mode, "none (or unset) with --enforce-eager",
+            "remove --enforce-eager to capture traces, or remove trace_mode",
+        )
+    tt["trace_mode"] = "none"
+    return "--enforce-eager: trace_mode none (no traces are captured; every program runs eagerly)."
+
+
 def check_encoder_decoder(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
     """vLLM serves an encoder-decoder model (its config says ``is_encoder_decoder``) with a
     cross-attention KV group and the encoder inputs on the first prefill; a TT model takes that
@@ -114,6 +131,16 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
     model = vllm_config.model_config
     runner = model.runner_type
     convert = getattr(model, "convert_type", "none")
+    served = {"none", "auto"} | ({"embed"} if caps.supports_pooling else set()) | (
+        {"classify"} if caps.pooled_outputs else set())
+    if convert not in served:  # first: vLLM has already turned --convert into --runner pooling
+        raise TTUnsupportedFeatureError(
+            "--convert", convert, ", ".join(sorted(served)) + f" for {arch}",
+            "remove --convert (--runner pooling serves a decoder as an embedding model); a reranker "
+            "from a causal LM is its own architecture: --hf-overrides '{\"architectures\": "
+            "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+            "\"is_original_qwen3_reranker\": true}' (docs/pooling.md)",
+        )
     if runner == "pooling" and not (caps.pooling_model or caps.supports_pooling):
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"generate for {arch}, whose model_capabilities declare neither "
@@ -125,16 +152,6 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
         raise TTUnsupportedFeatureError(
             "--runner", runner, f"pooling for {arch}, a pooling model (embeddings)",
             "serve it with --runner pooling (vllm serve <model> --runner pooling; vllm.LLM(..., runner='pooling'))",
-        )
-    served = {"none", "auto"} | ({"embed"} if caps.supports_pooling else set()) | (
-        {"classify"} if caps.pooled_outputs else set())
-    if convert not in served:
-        raise TTUnsupportedFeatureError(
-            "--convert", convert, ", ".join(sorted(served)) + f" for {arch}",
-            "remove --convert (--runner pooling serves a decoder as an embedding model); a reranker "
-            "from a causal LM is its own architecture: --hf-overrides '{\"architectures\": "
-            "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
-            "\"is_original_qwen3_reranker\": true}' (docs/pooling.md)",
         )
 
 
