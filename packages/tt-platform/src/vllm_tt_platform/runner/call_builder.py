@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_scheduler.phase import Phase
 

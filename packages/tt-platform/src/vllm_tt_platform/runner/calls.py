@@ -13,11 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_tt_models_registry.contract import BLOCK_KWARG, CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG
+import torch
+from vllm_tt_models_registry.contract import (
+    BLOCK_KWARG,
+    CROSS_PAGE_TABLE_KWARG,
+    ROPE_DELTAS_KWARG,
+    VERIFY_KWARG,
+)
 
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
-import torch
-
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, VerifyInputs
 
 
