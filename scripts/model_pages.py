@@ -50,6 +50,8 @@ FEATURES: dict[str, Feature] = {
     "max_verify_tokens": Feature("Longest verify step (1 + K)", "speculative-decoding.md#limits"),
     "supports_mtp": Feature("MTP speculation (the checkpoint's MTP module)",
                             "speculative-decoding.md#the-models-mtp-module-mtp"),
+    "max_block_tokens": Feature("Block output (the model's own drafter, longest block)",
+                                "speculative-decoding.md#block-output-the-models-own-drafter"),
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
     "pooling_model": Feature("Pooling model (embeddings)", "pooling.md"),
     "pooled_outputs": Feature("Pooling head (classifier, reranker)", "pooling.md#rerankers-score-and-rerank"),
@@ -198,6 +200,9 @@ PROOFS: tuple[Proof, ...] = (
           ("llama",), "a drafter model in 4 lanes (TG) through vllm serve: streamed = plain = transformers"),
     Proof("max_verify_tokens", "tests/test_validation.py::test_bad_speculation_is_refused_at_startup",
           ("llama",), "num_speculative_tokens beyond the longest verify trace is refused at startup, naming it"),
+    Proof("max_block_tokens",
+          f"{_HOST_TESTS}/test_host_block_output.py::test_blocks_equal_consecutive_greedy_decode_steps_and_their_kv",
+          ("llama",), "a block step commits exactly the greedy tokens and KV of consecutive plain decode steps"),
     Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
           ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
 )

@@ -65,6 +65,12 @@ class ModelCapabilities:
     start_pos, num_valid_tokens, page_table, kv_cache, num_drafts)`` reads them and returns
     draft ids ``[B, num_drafts]``; ``mtp_layers`` says how many modules the loaded checkpoint
     has (0: its MTP weights are absent)."""
+    max_block_tokens: int = 0
+    """Adaptive block output: the model speculates inside ``decode_forward`` with a drafter of
+    its own and commits up to this many tokens per row per decode step (0: none). Sent the
+    contract's ``BLOCK_KWARG``, it verifies its drafts greedily and returns int tokens ``[B, W]``
+    (``W`` = this value), each row's committed tokens first, then -1; switched on by the
+    operator with ``--additional-config.tt.block_tokens``."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     pooling_model: bool = False

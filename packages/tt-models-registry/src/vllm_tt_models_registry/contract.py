@@ -25,6 +25,7 @@ __all__ = [
     "VIDEO_KWARGS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
+    "BLOCK_KWARG",
     "OPTIONAL_METHODS",
     "POOLING_REQUIRED_METHODS",
     "REQUIRED_METHODS",
@@ -108,7 +109,8 @@ class TTModel(Protocol):
 
         A verify step of speculative decoding (``supports_verify_decode``) sends
         ``tokens [B, 1 + K]`` and :data:`VERIFY_KWARG` (with ``sampling_params`` when the
-        device verifies greedy rows itself); see there."""
+        device verifies greedy rows itself); see there. A block-output decode step
+        (``max_block_tokens``) sends :data:`BLOCK_KWARG`; see there."""
         ...
 
 
@@ -281,6 +283,26 @@ next call's inputs are the host's.
 Warmup gets ``verify_tokens=1 + K`` (``warmup_model_decode``) to capture the verify trace, and
 with ``can_sample_on_device`` its device-sampling variant."""
 
+BLOCK_KWARG = "block_tokens"
+"""``decode_forward``'s block-output argument (``max_block_tokens``; adaptive block output):
+int ``[B]``, slot order, the most tokens row ``r`` may commit in this step (1 up to the
+operator's block size ``--additional-config.tt.block_tokens``, at most ``max_block_tokens``;
+0 for padding rows). The runner sends it on a decode step whose rows are
+all greedy (no logprobs, penalties, grammar or logits processors), capped by each row's
+``max_tokens`` and the model length, and no ``sampling_params``: the model picks tokens itself.
+
+The model runs its own drafter and verifies the drafts with its full forward pass, so each row's
+tokens are exactly the greedy tokens plain decode steps would give. It returns int tokens
+``[B, max_block_tokens]``: row ``r``'s committed tokens (at least 1 for a live row, at most
+``block_tokens[r]``), then -1. Committing ``n`` tokens writes the KV of positions
+``start_pos[r] .. start_pos[r] + n - 1`` (the input token and all committed tokens but the
+last, as ``n`` plain decode steps would); it may write up to ``block_tokens[r]`` positions
+from ``start_pos[r]`` (the scheduler reserves block size - 1 lookahead slots per row;
+positions beyond the committed ones are overwritten later). Like a verify step it leaves no
+token on the device for the next decode.
+
+Warmup gets ``block_tokens=<block size>`` (``warmup_model_decode``) to capture the block
+step's trace."""
 
 @dataclass(frozen=True)
 class CallShape:
@@ -334,7 +356,7 @@ CALLS: Mapping[str, CallShape] = {
                 "read_from_device",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "reset_batch", CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG),
+                       "reset_batch", CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG, BLOCK_KWARG),
         ),
         CallShape(
             "get_max_tokens_all_users",
@@ -368,7 +390,7 @@ CALLS: Mapping[str, CallShape] = {
                 "num_blocks",
                 "can_sample_on_device",
             ),
-            sometimes=("verify_tokens",),
+            sometimes=("verify_tokens", BLOCK_KWARG),
         ),
     )
 }

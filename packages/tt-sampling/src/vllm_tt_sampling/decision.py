@@ -241,3 +241,12 @@ def drafts_blocked_by(requests: Sequence[RowSampling]) -> str | None:
         if any(blocks(row) for row in requests):
             return code
     return None
+
+
+def blocks_blocked_by(requests: Sequence[RowSampling]) -> str | None:
+    """Why this decode step must not commit blocks (adaptive block output: the model picks each
+    row's tokens greedily inside its decode step), or None when every row is greedy and asks for
+    nothing a verify step does not carry (``drafts_blocked_by``)."""
+    if not all(row.greedy for row in requests):
+        return "sampled"
+    return drafts_blocked_by(requests)

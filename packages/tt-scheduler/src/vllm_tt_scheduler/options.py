@@ -59,7 +59,14 @@ PREFILL_HOLD = OptionSpec(
     "decodes a prefill step stalls; 0 admits at once (lower time to first token, higher "
     "inter-token latency). See docs/scheduling.md.",
 )
-USER_OPTIONS: tuple[OptionSpec[Any], ...] = (PREFILL_BURST, PREFILL_HOLD)
+BLOCK_TOKENS = OptionSpec(
+    "block_tokens", int, default=0, minimum=0,
+    doc="Adaptive block output: up to this many tokens per request per decode step, from the "
+    "model's own drafter verified inside its decode step (greedy requests; others decode one "
+    "token a step). Needs a model declaring `max_block_tokens`; 0 (default) or 1: off. "
+    "See docs/speculative-decoding.md.",
+)
+USER_OPTIONS: tuple[OptionSpec[Any], ...] = (PREFILL_BURST, PREFILL_HOLD, BLOCK_TOKENS)
 """The options users set; ``TTConfig`` declares one field from each."""
 
 DEFAULT_PREFILL_BURST: int = PREFILL_BURST.default
@@ -89,6 +96,9 @@ class SchedulerOptions:
     """Largest prefill chunk per request (the model's largest prefill trace length),
     or None when the model declares no trace shapes (the step budget then rules)."""
 
+    block_tokens: int = BLOCK_TOKENS.default
+    """Most tokens a decode row commits per step (``BLOCK_TOKENS``; ``block_output``)."""
+
     step_cost: RooflineStepCost | None = None
     """Modelled step times of the served model and mesh (``cost``): the phase policy then
     decides by time (``cost_policy``); None counts steps (``policy.PhasePolicy``)."""
@@ -104,6 +114,7 @@ class SchedulerOptions:
         return cls(
             prefill_burst=PREFILL_BURST.read(tt),
             prefill_hold=PREFILL_HOLD.read(tt),
+            block_tokens=BLOCK_TOKENS.read(tt),
             prefill_chunk_cap=_chunk_cap(tt.get(PREFILL_TRACE_LENS_KEY)),
             step_cost=read_step_cost(tt),
         )

@@ -15,9 +15,11 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_tt_scheduler import envs
+from vllm_tt_scheduler import block_output, envs
 from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.compat import SchedulerBackports
 from vllm_tt_scheduler.cost_policy import policy_for
@@ -69,6 +71,8 @@ class PhaseScheduling(SchedulerBackports):
         self._step_index = 0
         self._blocked_free_blocks: int | None = None
         self._blocked_until = 0
+        if options.block_tokens > 1:
+            block_output.reserve_lookahead(self, options.block_tokens)
         self._trace: StepTrace = NullStepTrace()
         if not self.coordinated:
             self._trace = open_step_trace(envs.step_trace_path())
@@ -104,6 +108,12 @@ class PhaseScheduling(SchedulerBackports):
         self.end_step(phase)
         self._trace.record(self._step_index - 1, phase, output, self, retried)
         return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
+        if self.tt_options.block_tokens > 1:  # a decode row may have committed a block
+            block_output.count_block_tokens(self.requests, scheduler_output, model_runner_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     # -- the steps of schedule() --------------------------------------------------------------
     def work_view(self) -> WorkView:

@@ -57,7 +57,7 @@ VLLM_SURFACE: tuple[Touch, ...] = (
             "make_stats", "shutdown",
         ),
         writes=("running", "max_num_running_reqs", "max_num_active_reqs", "max_num_scheduled_tokens",
-                "current_step"),
+                "current_step", "num_lookahead_tokens"),
     ),
     Touch(
         "vllm.config:VllmConfig",
@@ -75,10 +75,12 @@ VLLM_SURFACE: tuple[Touch, ...] = (
     Touch("vllm.config:KVEventsConfig", reads=("enable_kv_cache_events",)),
     Touch(
         "vllm.v1.request:Request",
-        reads=("request_id", "status", "is_prefill_chunk", "num_tokens", "num_computed_tokens",
+        reads=("request_id", "status", "is_prefill_chunk", "num_tokens",
                "num_prompt_tokens", "structured_output_request", "num_stale_output_tokens",
                "drop_stale_output"),
+        writes=("num_computed_tokens",),  # read; and a block-output row's extra KV (block_output)
     ),
+    Touch("vllm.v1.outputs:ModelRunnerOutput", reads=("sampled_token_ids", "req_id_to_index")),
     Touch(
         "vllm.v1.request:RequestStatus",
         reads=("RUNNING", "WAITING", "PREEMPTED", "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from vllm_tt_scheduler.options import PREFILL_BURST, PREFILL_HOLD, OptionSpec
+from vllm_tt_scheduler.options import BLOCK_TOKENS, PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
 from vllm_tt_platform.config.pooling_shapes import parse_shapes
@@ -101,6 +101,7 @@ class TTConfig:
         "one decode step can legitimately take longer.", minimum=0.1))
     prefill_burst: int = _scheduler_opt(PREFILL_BURST)
     prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
+    block_tokens: int = _scheduler_opt(BLOCK_TOKENS)
     step_cost: str | None = field(default=None, metadata=option(
         "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
         "and how many prompts share a prefill step by modelled device time (the cost-aware "

@@ -21,6 +21,7 @@ from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.pooling_shapes import pooling_shapes_of
 from vllm_tt_platform.config.startup_checks import (
     apply_enforce_eager,
+    check_block_output,
     check_capabilities,
     check_encoder_decoder,
     check_environment,
@@ -166,6 +167,7 @@ def configure(vllm_config: VllmConfig) -> None:
     check_encoder_decoder(vllm_config, caps, setup.model.arch)
     check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
+    check_block_output(vllm_config, setup.config.block_tokens, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
@@ -190,6 +192,16 @@ def configure(vllm_config: VllmConfig) -> None:
             )
         logger.info("Async scheduling off: speculative decoding (%s) proposes drafts between steps.",
                     vllm_config.speculative_config.method)
+        scheduler.async_scheduling = False
+    if setup.config.block_tokens > 1 and scheduler.async_scheduling:
+        # vLLM's async scheduler counts one token in flight per row; a block step commits several.
+        if cli_flags.given("async_scheduling"):
+            raise TTUnsupportedFeatureError(
+                "--async-scheduling", True, f"off with --additional-config.tt.block_tokens {setup.config.block_tokens}",
+                "remove --async-scheduling (a block step's tokens are read back before the next step is scheduled)",
+            )
+        logger.info("Async scheduling off: block output (tt.block_tokens=%d) commits a variable number of "
+                    "tokens per row, read back in the step.", setup.config.block_tokens)
         scheduler.async_scheduling = False
     if scheduler.async_scheduling and pooling:
         logger.info("Async scheduling off: a pooling step has no decode to overlap.")

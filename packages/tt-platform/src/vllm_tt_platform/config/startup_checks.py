@@ -241,6 +241,30 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
         )
 
 
+def check_block_output(vllm_config: VllmConfig, block_tokens: int, caps: ModelCapabilities, arch: str) -> None:
+    """``tt.block_tokens`` (adaptive block output) needs a model whose decode step commits
+    blocks (``max_block_tokens``) at least that long, and no second speculation beside it."""
+    if block_tokens <= 1:
+        return
+    key = "--additional-config.tt.block_tokens"
+    if not caps.max_block_tokens:
+        raise TTUnsupportedFeatureError(
+            key, block_tokens, f"0 for {arch}, whose model_capabilities do not declare max_block_tokens",
+            "remove tt.block_tokens, or serve a model whose decode_forward commits blocks (model contract: "
+            "BLOCK_KWARG)",
+        )
+    if block_tokens > caps.max_block_tokens:
+        raise TTConfigError(
+            key, block_tokens, f"at most {caps.max_block_tokens} for {arch} (model_capabilities max_block_tokens)",
+            f"set tt.block_tokens to {caps.max_block_tokens} or less",
+        )
+    if vllm_config.speculative_config is not None:
+        raise TTUnsupportedFeatureError(
+            key, block_tokens, f"0 with --speculative-config method {vllm_config.speculative_config.method}",
+            "use one of the two: the model's own block output (tt.block_tokens) or --speculative-config",
+        )
+
+
 def _check_mtp(spec: SpeculativeConfig, caps: ModelCapabilities, arch: str) -> None:
     """``method: mtp`` needs a model class that runs MTP modules and a checkpoint config that
     declares some (vLLM's ``n_predict``, from ``num_nextn_predict_layers`` /

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner import mm_inputs
-from vllm_tt_platform.runner.calls import DecodeCall, PrefillCall, VerifyCall
+from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, PrefillCall, VerifyCall
 from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan, VerifyInputs, slot_states
@@ -68,6 +69,13 @@ class StepCalls:
         """``num_tokens``: K, the drafts a verify trace has room for per row."""
         inputs = VerifyInputs.build(self._decode_inputs(plan), plan.rows, drafts, num_tokens)
         return VerifyCall(inputs, self.kv_cache, self.decode_trace, sampling, drafts)
+
+    def block(self, plan: StepPlan, block_tokens: dict[str, int]) -> BlockCall:
+        """``block_tokens``: the most tokens each row (by request id) may commit."""
+        limits = torch.zeros(self.num_slots, dtype=torch.int32)
+        for r in plan.rows:
+            limits[r.state.slot] = block_tokens[r.state.req_id]
+        return BlockCall(self._decode_inputs(plan), self.kv_cache, self.decode_trace, limits)
 
     def _decode_inputs(self, plan: StepPlan) -> DecodeInputs:
         return DecodeInputs.build(plan.rows, self.num_slots, self.table_width, self.blocks_per_lane, self.layout)

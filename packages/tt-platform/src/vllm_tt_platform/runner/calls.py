@@ -1,8 +1,8 @@
 """A step's device call, one typed call per kind, turned into the model contract's keyword
 arguments only where the model is invoked (``to_contract_kwargs``).
 
-A prefill step is one ``prefill_forward``; a decode step and a verify step of speculative
-decoding are ``decode_forward`` calls of two shapes. ``call_builder.StepCalls`` builds every
+A prefill step is one ``prefill_forward``; a decode step, a verify step of speculative
+decoding and a block-output decode step are ``decode_forward`` calls of three kinds. ``call_builder.StepCalls`` builds every
 call; each kind has its result in ``step_results``. A new kind (pooling, a mixed step) adds its
 call here, its builder method, its result and its runner method, and changes none of these.
 """
@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_tt_models_registry.contract import CROSS_PAGE_TABLE_KWARG, ROPE_DELTAS_KWARG, VERIFY_KWARG
+import torch
+from vllm_tt_models_registry.contract import (
+    BLOCK_KWARG,
+    CROSS_PAGE_TABLE_KWARG,
+    ROPE_DELTAS_KWARG,
+    VERIFY_KWARG,
+)
 
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, VerifyInputs
@@ -106,6 +112,27 @@ class VerifyCall:
             kwargs.update(self.sampling.to_contract_kwargs())
         if decode.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
+        return kwargs
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """``decode_forward`` of a block-output step (adaptive block output): one token per slot in,
+    with the contract's ``BLOCK_KWARG``; the model returns up to ``block_tokens[slot]`` committed
+    tokens per row, read back in the call."""
+
+    inputs: DecodeInputs
+    kv_cache: Any
+    enable_trace: bool
+    block_tokens: torch.Tensor
+    """int32 ``[num_slots]``: the most tokens each row may commit (0: padding)."""
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        kwargs = _decode_kwargs(self.inputs, self.inputs.tokens, self.kv_cache, self.enable_trace,
+                                read_from_device=True)
+        kwargs[BLOCK_KWARG] = self.block_tokens
+        if self.inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = self.inputs.page_tables_per_layer
         return kwargs
 
 

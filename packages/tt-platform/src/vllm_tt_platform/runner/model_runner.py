@@ -17,7 +17,7 @@ from vllm.v1.outputs import (
     KVConnectorOutput,
     ModelRunnerOutput,
 )
-from vllm_tt_models_registry.contract import TTModel, TTModelExtras
+from vllm_tt_models_registry.contract import BLOCK_KWARG, TTModel, TTModelExtras
 from vllm_tt_sampling.decision import DeviceSamplingMode
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
 from vllm_tt_scheduler.phase import Phase
@@ -26,6 +26,7 @@ from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.runner import mm_inputs, model_output, step_metrics
 from vllm_tt_platform.runner.async_decode import InFlightStep, overlap_for
 from vllm_tt_platform.runner.batch import PersistentBatch
+from vllm_tt_platform.runner.block_output import BlockOutput
 from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.draft_model import DraftModel
@@ -38,7 +39,14 @@ from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
 from vllm_tt_platform.runner.speculative import SpecSettings, Speculation
 from vllm_tt_platform.runner.step import StepPlan
-from vllm_tt_platform.runner.step_results import DecodeResult, PrefillResult, StepResult, VerifyResult
+from vllm_tt_platform.runner.step_results import (
+    BlockResult,
+    DecodeResult,
+    PrefillResult,
+    StepResult,
+    VerifyResult,
+    committed_output,
+)
 from vllm_tt_platform.runner.warmup_report import WarmupReport
 
 logger = init_logger("vllm." + __name__)
@@ -90,6 +98,8 @@ class TTModelRunner:
         self._paged_drafter: PagedDrafter | None = None
         """``method: draft_model`` (the drafter checkpoint on the mesh) or ``mtp`` (the model's
         MTP module): a drafter with KV pages of its own, one per target block."""
+        self.blocks = BlockOutput(config.block_tokens, self.max_model_len) if config.block_tokens > 1 else None
+        """Adaptive block output (``tt.block_tokens``): decode steps may commit blocks."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
         self.connector: StepConnector = NO_CONNECTOR
         """vLLM's KV connector (KV offloading), set by ``initialize_kv_cache``."""
@@ -194,7 +204,10 @@ class TTModelRunner:
         return self._paged_drafter.bytes_per_block if self._paged_drafter is not None else 0
 
     def describe_speculation(self) -> str:
-        """The startup summary's speculation part: method, K, verify shape, drafter and its KV."""
+        """The startup summary's speculation part: method, K, verify shape, drafter and its KV;
+        or the model's own block output."""
+        if self.blocks is not None:
+            return self.blocks.describe(self.topology.rows_per_lane)
         if self.spec_settings is None:
             return "off"
         topology = self.topology
@@ -250,6 +263,7 @@ class TTModelRunner:
                     max_batch_size=self.topology.decode_rows, num_blocks=self.table_width,
                     can_sample_on_device=mode is not None,
                     **(self._spec.warmup_kwargs() if self._spec is not None else {}),
+                    **({BLOCK_KWARG: self.blocks.block_tokens} if self.blocks is not None else {}),
                 )
         report.log_summary()
 
@@ -272,6 +286,9 @@ class TTModelRunner:
     def _run_step(self, out: SchedulerOutput, kv_transfers: KVConnectorOutput | None) -> _PendingStep:
         plan = StepPlan.build(out, self.batch)
         drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
+        limits = None
+        if self.blocks is not None and plan.phase is Phase.DECODE:
+            limits = self.blocks.limits(plan, self.sampling.row_sampling(plan))
         decision = self.sampling.decide(plan, verify=bool(drafts))
         step_metrics.record(self.metrics, plan, decision, self.batch.num_slots)
         calls = self._calls()
@@ -281,6 +298,8 @@ class TTModelRunner:
             result = self._prefill(calls, plan, sampling)
         elif drafts:
             result = self._verify(calls, plan, sampling, drafts)
+        elif limits is not None:
+            result = self._block(calls, plan, limits)
         else:
             result = self._decode(calls, plan, sampling)
         return _PendingStep(plan, result, kv_transfers)
@@ -343,6 +362,13 @@ class TTModelRunner:
             raw = self.model.decode_forward(**call.to_contract_kwargs())
             return VerifyResult.read(self.model, raw, call)
 
+    def _block(self, calls: StepCalls, plan: StepPlan, limits: dict[str, int]) -> BlockResult:
+        self.overlap.reset_batch(plan.rows, device_sampled=False)  # the device keeps no token of a block step
+        call = calls.block(plan, limits)
+        with self.device_watch.call("decode step"):
+            raw = self.model.decode_forward(**call.to_contract_kwargs())
+            return BlockResult.read(self.model, raw, call, plan.rows)
+
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         pending, self._pending = self._pending, None
         if pending is None:
@@ -357,6 +383,10 @@ class TTModelRunner:
                 output = self.sampling.sampled(plan, result.output, grammar_output)
             case VerifyResult():
                 output = self.speculation.sampled(plan, result.output, result.drafts)
+            case BlockResult():
+                output = committed_output(plan.rows, result.tokens)
+                if self.blocks is not None:
+                    self.blocks.committed(result.tokens)
             case _:
                 assert_never(result)
         if self._spec is not None:
@@ -372,6 +402,8 @@ class TTModelRunner:
     def close(self) -> None:
         """Say how the run sampled, close the traces and metrics."""
         self.sampling.close()
+        if self.blocks is not None:
+            self.blocks.close()
         self.metrics.close()
 
 

@@ -37,6 +37,7 @@ from vllm_tt_scheduler.phase import Phase
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.drafters import Drafter
 from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
+from vllm_tt_platform.runner.step_results import committed_output
 
 PLACEHOLDER = -1
 """vLLM's draft id for "no draft here" (new or resumed rows, grammar-invalid drafts)."""
@@ -130,16 +131,9 @@ class Speculation:
         to the rows, as vLLM's scheduler reads them (no grammar: a row with one blocks drafts)."""
         tokens = self.accept(output, plan.rows, drafts)
         for r, row_tokens in zip(plan.rows, tokens, strict=True):
-            r.state.output_token_ids.extend(row_tokens)
             drafted = len(drafts.get(r.state.req_id, ()))
             self.drafter.verified(r.state.req_id, drafted, min(len(row_tokens) - 1, drafted))
-        return ModelRunnerOutput(
-            req_ids=[r.state.req_id for r in plan.rows],
-            req_id_to_index={r.state.req_id: i for i, r in enumerate(plan.rows)},
-            sampled_token_ids=tokens,
-            logprobs=None,
-            prompt_logprobs_dict={},
-        )
+        return committed_output(plan.rows, tokens)
 
     def produced(self, states: list[RequestState]) -> None:
         """The rows that gained tokens in the step just sampled (they get drafts next)."""

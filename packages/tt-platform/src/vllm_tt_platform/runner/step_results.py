@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_tt_platform.runner.async_decode import InFlightStep
-from vllm_tt_platform.runner.calls import VerifyCall
+from vllm_tt_platform.runner.calls import BlockCall, VerifyCall
 from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.runner.step import ScheduledRow
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,51 @@ class VerifyResult:
         return cls(raw.long() if on_device else raw.float(), call.drafts)
 
 
-StepResult = PrefillResult | DecodeResult | VerifyResult | InFlightStep
+@dataclass(frozen=True)
+class BlockResult:
+    """A block-output step's committed tokens, per row in plan order (1 up to its limit)."""
+
+    tokens: list[list[int]]
+
+    @classmethod
+    def read(cls, model: Any, raw: Any, call: BlockCall, rows: list[ScheduledRow]) -> BlockResult:
+        """``decode_forward``'s answer to ``call``: int ``[num_slots, W]``, each row's committed
+        tokens then -1, checked against each row's limit (model contract: ``BLOCK_KWARG``)."""
+        if hasattr(model, "process_decode_output_host"):
+            raw = model.process_decode_output_host(raw, is_tokens=True)
+        owner = f"{type(model).__qualname__}.decode_forward"
+        num_slots = call.block_tokens.shape[0]
+        if not isinstance(raw, torch.Tensor) or raw.dim() != 2 or raw.shape[0] != num_slots or raw.is_floating_point():
+            shape = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+            raise ModelOutputError(f"{owner} returned {shape} for a block-output step; expected int tokens "
+                                   f"[{num_slots}, W] (model contract: BLOCK_KWARG)")
+        tokens = []
+        for r in rows:
+            row = raw[r.state.slot].tolist()
+            n = row.index(-1) if -1 in row else len(row)
+            limit = int(call.block_tokens[r.state.slot])
+            if not 1 <= n <= limit or any(t != -1 for t in row[n:]):
+                raise ModelOutputError(f"{owner} committed {row} for slot {r.state.slot}; expected 1 to {limit} "
+                                       "tokens, then -1 (model contract: BLOCK_KWARG)")
+            tokens.append([int(t) for t in row[:n]])
+        return cls(tokens)
+
+
+def committed_output(rows: list[ScheduledRow], tokens: list[list[int]]) -> ModelRunnerOutput:
+    """A step whose rows committed a variable number of tokens each (a verify step's accepted
+    drafts and one more; a block-output step's block): appended to the rows, as vLLM's
+    scheduler reads them (it trims at a stop token, ``max_tokens`` or the model length)."""
+    for r, row_tokens in zip(rows, tokens, strict=True):
+        r.state.output_token_ids.extend(row_tokens)
+    return ModelRunnerOutput(
+        req_ids=[r.state.req_id for r in rows],
+        req_id_to_index={r.state.req_id: i for i, r in enumerate(rows)},
+        sampled_token_ids=tokens,
+        logprobs=None,
+        prompt_logprobs_dict={},
+    )
+
+
+StepResult = PrefillResult | DecodeResult | VerifyResult | BlockResult | InFlightStep
 """What one step left for ``sample_tokens``; ``InFlightStep`` is an overlapped decode whose
 tokens vLLM resolves later (``async_decode``)."""

@@ -209,6 +209,27 @@ class HostDecoder:
         self._keep_hidden(x)
         return self._logits(x)
 
+    @torch.no_grad()
+    def early_exit(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_tables: Sequence[torch.Tensor],
+        kv: list[LaneKV],
+        rows_per_lane: int,
+        num_layers: int,
+    ) -> torch.Tensor:
+        """``decode`` through the first ``num_layers`` layers only, then the final norm and LM
+        head: a self-drafting model's cheap guess at its next token (``block_output``). Writes
+        those layers' KV at ``positions``; the full pass that verifies the guess rewrites it."""
+        step = DecodeRows.of(positions, kv, rows_per_lane)
+        x = self._embed(tokens.long())
+        per_layer = self._per_layer_inputs(tokens.long(), x)
+        for index, (layer, page_table) in enumerate(zip(self.weights.layers[:num_layers], page_tables, strict=False)):
+            layer_input = None if per_layer is None else per_layer[:, index]
+            x = self._decode_layer(index, layer, x, step, page_table, kv, layer_input)
+        return self._logits(x)
+
     def _keep_hidden(self, x: torch.Tensor) -> None:
         """With ``keep_hidden`` (an MTP module drafts from them), the last call's final hidden
         states after the model's norm: what the target hands its MTP module."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_host.models.frame.shapes import MAX_VERIFY_TOKENS, PREFILL_BUCKETS
+from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, MAX_VERIFY_TOKENS, PREFILL_BUCKETS
 
 DECODER: Mapping[str, Any] = {
     "supports_sample_on_device": True, "supports_async_decode": True, "supports_prefix_caching": True,
@@ -19,6 +19,10 @@ DECODER: Mapping[str, Any] = {
     "prefill_trace_lens": list(PREFILL_BUCKETS), "max_verify_tokens": MAX_VERIFY_TOKENS,
 }
 """What a decoder on the frame declares in ``model_capabilities`` (its non-default flags)."""
+
+SELF_DRAFTING: Mapping[str, Any] = {"max_block_tokens": MAX_BLOCK_TOKENS}
+"""What a decoder whose every layer is attention adds: block output drafted by its own first
+layers (``block_output``)."""
 
 SLIDING: Mapping[str, Any] = {**DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
 """A decoder with sliding-window and full layers (hybrid KV)."""

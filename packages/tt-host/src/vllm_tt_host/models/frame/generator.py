@@ -26,7 +26,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import DelayPoint
 
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models.frame import mtp, paged_kv, verify
+from vllm_tt_host.models.frame import block_output, mtp, paged_kv, verify
 from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
@@ -125,6 +125,11 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
     @property
     def max_batch_size(self) -> int:
         return self.lanes.max_batch_size
+
+    @property
+    def max_block_tokens(self) -> int:
+        """The block a block-output step returns per row (``model_capabilities``; 0: none)."""
+        return int(self.model_capabilities.get("max_block_tokens", 0))
 
     # ---- class-level contract ----------------------------------------------------------
 
@@ -308,6 +313,9 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
                 device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, False), self._capture_s(None))
                 if can_sample_on_device:
                     device.capture_trace(TraceKey.decode(self.lanes.rows_per_lane, True), self._capture_s(None))
+                if kwargs.get(block_output.BLOCK_KWARG):  # block output: one block step shape
+                    device.capture_trace(TraceKey.block(self.lanes.rows_per_lane, self.max_block_tokens),
+                                         self._capture_s(None))
                 if kwargs.get("verify_tokens"):  # speculative decoding: one verify shape per K
                     for sampled in (False, True) if can_sample_on_device else (False,):
                         key = TraceKey.verify(self.lanes.rows_per_lane, kwargs["verify_tokens"], sampled)
@@ -435,13 +443,19 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
         marks padding. Returns logits ``[B, 1, V]`` or sampled tokens ``[B]`` as host tensors,
         or, with modelled device time and ``read_from_device=False``, a ``DecodeHandle``.
         With ``num_valid_tokens`` it is a verify step over ``tokens [B, 1 + K]`` (``verify``;
-        with ``sampling_params``, verified on the device: argmax tokens ``[B, 1 + K]``).
+        with ``sampling_params``, verified on the device: argmax tokens ``[B, 1 + K]``); with
+        ``block_tokens`` a block-output step (``block_output``: tokens ``[B, max_block_tokens]``).
 
         With ``sampling_params`` the device's own token and position are used for continuing
         slots (``DeviceSlots``); ``reset_batch`` says the layout changed. Slots never move, so
         ``slot_remap`` needs no action. ``page_tables_per_layer`` (hybrid KV), when sent,
         replaces ``page_table`` per layer."""
         tokens = torch.as_tensor(tokens)
+        if kwargs.get(block_output.BLOCK_KWARG) is not None:  # a block-output step: tokens [B, block]
+            return block_output.block_forward(
+                self, tokens, start_pos, page_table, kv_cache, kwargs[block_output.BLOCK_KWARG], enable_trace,
+                kwargs.get("page_tables_per_layer"), self.max_block_tokens,
+            )
         if kwargs.get(verify.VERIFY_KWARG) is not None:  # a verify step: tokens [B, 1 + K]
             return verify.verify_forward(self, tokens, start_pos, page_table, kv_cache, kwargs[verify.VERIFY_KWARG],
                                          enable_trace, kwargs.get("page_tables_per_layer"), sampling_params)

@@ -19,6 +19,11 @@ MAX_VERIFY_TOKENS = 8
 as ``max_verify_tokens``; tt-metal models size theirs to the decode trace's L1 room."""
 
 
+MAX_BLOCK_TOKENS = 8
+"""Longest block a self-drafting host model commits per row and decode step (adaptive block
+output), declared as ``max_block_tokens``."""
+
+
 class HostModelInputError(ValueError):
     """A forward call's inputs do not fit the shapes the model was built for."""
 
@@ -52,7 +57,7 @@ class TraceKey:
     """One captured program shape on one (sub-)mesh."""
 
     phase: str
-    """``"prefill"``, ``"decode"``, ``"verify"`` or ``"pool"``."""
+    """``"prefill"``, ``"decode"``, ``"verify"``, ``"block"`` or ``"pool"``."""
     length: int
     """Padded tokens per row: the bucket for prefill, 1 for decode, ``1 + K`` for verify."""
     batch: int
@@ -78,6 +83,12 @@ class TraceKey:
         """A verify step of speculative decoding: ``1 + K`` tokens per row, returning every
         position's logits or, ``device_sampling``, its argmax (device-side verification)."""
         return cls("verify", width, lane_batch, device_sampling)
+
+    @classmethod
+    def block(cls, lane_batch: int, block_tokens: int) -> TraceKey:
+        """A block-output decode step committing up to ``block_tokens`` tokens per row (the
+        model drafts and verifies inside it; it ends in token selection)."""
+        return cls("block", block_tokens, lane_batch, True)
 
     def __str__(self) -> str:
         sampling = "+sampling" if self.device_sampling else ""

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from vllm_tt_host.models.frame.family import SELF_DRAFTING
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.pooling import DecoderPooling, HostDecoderClassifier
 
 
 class _LlamaStyleLM(DecoderPooling, HostCausalLM):
-    model_capabilities: ClassVar[dict[str, Any]] = {**HostCausalLM.model_capabilities, "supports_pooling": True}
+    model_capabilities: ClassVar[dict[str, Any]] = {
+        **HostCausalLM.model_capabilities, **SELF_DRAFTING, "supports_pooling": True,
+    }
 
 
 class HostLlamaForCausalLM(_LlamaStyleLM):

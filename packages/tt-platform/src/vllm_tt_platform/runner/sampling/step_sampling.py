@@ -95,11 +95,9 @@ class StepSampling:
         for state in added:
             self.prompt_logprobs.add(state.req_id, state.sampling_params, state.prompt_token_ids)
 
-    def decide(self, plan: StepPlan, verify: bool = False) -> SamplingDecision:
-        """Where this batch samples, and why; recorded in the stats and the sampling trace.
-        ``verify``: a verify step of speculative decoding whose drafts the batch can use
-        (verified on the device only when every row is greedy)."""
-        rows = [
+    def row_sampling(self, plan: StepPlan) -> list[RowSampling]:
+        """What each row of the step asks of the sampler, in plan order."""
+        return [
             RowSampling.from_vllm(
                 r.state.sampling_params,
                 structured_output=r.state.sampling_params.structured_outputs is not None,
@@ -109,6 +107,12 @@ class StepSampling:
             )
             for r in plan.rows
         ]
+
+    def decide(self, plan: StepPlan, verify: bool = False) -> SamplingDecision:
+        """Where this batch samples, and why; recorded in the stats and the sampling trace.
+        ``verify``: a verify step of speculative decoding whose drafts the batch can use
+        (verified on the device only when every row is greedy)."""
+        rows = self.row_sampling(plan)
         decision = choose_sampling_path(rows, mode=self.mode, prefill=plan.phase is Phase.PREFILL, caps=self.caps,
                                         always_compat=self.always_compat, verify=verify)
         self.stats.record(decision)

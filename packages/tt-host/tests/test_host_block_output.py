@@ -1,0 +1,150 @@
+"""Block-output decode steps of host models (adaptive block output): ``decode_forward`` with
+``block_tokens`` drafts with the model's own first layers and verifies with its full pass, so
+each row commits exactly the tokens consecutive plain greedy decode steps give (1 up to its
+limit, then -1), leaves the KV those steps would leave, and keeps the fixed shape of a trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+from vllm_tt_host.device import HostMeshDevice, TraceNotCapturedError
+from vllm_tt_host.models.families import HostLlamaForCausalLM
+from vllm_tt_host.models.frame.block_output import BLOCK_KWARG as HOST_BLOCK_KWARG
+from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, HostModelInputError
+from vllm_tt_models_registry.contract import BLOCK_KWARG, check_model_class
+from vllm_tt_platform.mesh.shape import MeshShape
+
+BLOCK = 16
+ROWS = 4
+WIDTH = 8
+TRAIN_STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    from vllm_tt_testing.checkpoints import cached_tiny
+
+    return cached_tiny("llama", TRAIN_STEPS)  # trained: the early-exit drafter agrees now and then
+
+
+def _model(checkpoint):
+    model = HostLlamaForCausalLM.initialize_vllm_model(AutoConfig.from_pretrained(checkpoint),
+                                                       HostMeshDevice(MeshShape(1, 1)), ROWS, WIDTH * BLOCK)
+    cfg = model.config
+    kv = model.allocate_kv_cache((40, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, cfg.num_layers)
+    return model, kv
+
+
+def _prefilled(model, kv, prompts):
+    table = torch.zeros(ROWS, WIDTH, dtype=torch.int32)
+    for slot in range(len(prompts)):
+        table[slot] = torch.arange(1 + slot * WIDTH, 1 + (slot + 1) * WIDTH)
+    tokens = torch.zeros(len(prompts), max(len(p) for p in prompts), dtype=torch.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p)
+    out = model.prefill_forward(tokens=tokens, page_table=table[: len(prompts)], kv_cache=kv,
+                                prompt_lens=[len(p) for p in prompts], start_pos=[0] * len(prompts),
+                                empty_slots=list(range(len(prompts))))
+    return table, [int(out[i, -1].argmax()) for i in range(len(prompts))]
+
+
+def _clone(kv):
+    return [[[t.clone() for t in pair] for pair in lane] for lane in kv]
+
+
+def _plain_greedy(model, kv, table, last, starts, steps):
+    """``steps`` plain decode steps per live row: each row's greedy tokens."""
+    tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
+    pos = torch.full((ROWS,), -1, dtype=torch.int32)
+    for i, (token, start) in enumerate(zip(last, starts, strict=True)):
+        tokens[i, 0], pos[i] = token, start
+    got: list[list[int]] = [[] for _ in last]
+    for _ in range(steps):
+        out = model.decode_forward(tokens=tokens, start_pos=pos, page_table=table, kv_cache=kv)
+        for i in range(len(last)):
+            got[i].append(int(out[i, -1].argmax()))
+            tokens[i, 0] = got[i][-1]
+            pos[i] += 1
+    return got
+
+
+def test_declares_block_output_through_the_contract():
+    caps = check_model_class(HostLlamaForCausalLM, owner="test")
+    assert caps.max_block_tokens == MAX_BLOCK_TOKENS
+    assert HOST_BLOCK_KWARG == BLOCK_KWARG
+
+
+def test_blocks_equal_consecutive_greedy_decode_steps_and_their_kv(checkpoint):
+    model, kv = _model(checkpoint)
+    prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7, [40, 41, 42, 43]]
+    table, first = _prefilled(model, kv, prompts)
+    starts = [len(p) for p in prompts]
+    plain_kv = _clone(kv)
+    limits = [MAX_BLOCK_TOKENS, 3, 1]  # row 3 is padding
+    expected = _plain_greedy(model, plain_kv, table, first, starts, MAX_BLOCK_TOKENS)
+
+    tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
+    tokens[:3, 0] = torch.tensor(first)
+    start = torch.tensor([*starts, -1], dtype=torch.int32)
+    out = model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv,
+                               **{BLOCK_KWARG: torch.tensor([*limits, 0], dtype=torch.int32)})
+    assert out.shape == (ROWS, MAX_BLOCK_TOKENS) and out.dtype == torch.int64
+    committed = []
+    for i, limit in enumerate(limits):
+        row = out[i].tolist()
+        n = row.index(-1) if -1 in row else len(row)
+        assert 1 <= n <= limit and all(t == -1 for t in row[n:])
+        assert row[:n] == expected[i][:n]  # the greedy tokens, whatever the drafter guessed
+        committed.append(n)
+    assert out[3].tolist() == [-1] * MAX_BLOCK_TOKENS
+    assert committed[2] == 1
+    # The KV of the input token and every committed token but the last is the plain steps'.
+    for i, n in enumerate(committed):
+        for layer, (k, v) in enumerate(kv[0]):
+            for p in range(starts[i], starts[i] + n):
+                page, offset = int(table[i, p // BLOCK]), p % BLOCK
+                for cache, plain in ((k, plain_kv[0][layer][0]), (v, plain_kv[0][layer][1])):
+                    assert torch.equal(cache[page, :, offset], plain[page, :, offset]), (i, layer, p)
+
+
+def test_the_self_drafter_is_accepted_and_rejected_on_a_trained_model(checkpoint):
+    """Precondition of the e2e tests: blocks of several lengths, so both acceptance and the
+    correction token are exercised."""
+    model, kv = _model(checkpoint)
+    prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7, [40, 41, 42, 43], [60, 3, 77, 12, 9, 30]]
+    table, last = _prefilled(model, kv, prompts)
+    pos = [len(p) for p in prompts]
+    lengths = set()
+    for _ in range(6):
+        out = model.decode_forward(tokens=torch.tensor(last, dtype=torch.int32)[:, None],
+                                   start_pos=torch.tensor(pos, dtype=torch.int32), page_table=table, kv_cache=kv,
+                                   **{BLOCK_KWARG: torch.full((ROWS,), 4, dtype=torch.int32)})
+        for i in range(ROWS):
+            row = [t for t in out[i].tolist() if t != -1]
+            lengths.add(len(row))
+            pos[i] += len(row)
+            last[i] = row[-1]
+    assert 1 in lengths and max(lengths) > 1, lengths
+
+
+def test_block_inputs_are_checked_and_traced(checkpoint):
+    model, kv = _model(checkpoint)
+    table, first = _prefilled(model, kv, [[5, 6, 7]])
+    tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
+    tokens[0, 0] = first[0]
+    start = torch.tensor([3, -1, -1, -1], dtype=torch.int32)
+    with pytest.raises(HostModelInputError, match="at least 1 for live rows"):
+        model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv,
+                             **{BLOCK_KWARG: torch.zeros(ROWS, dtype=torch.int32)})
+    with pytest.raises(HostModelInputError, match=f"in \\[0, {MAX_BLOCK_TOKENS}\\]"):
+        model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv,
+                             **{BLOCK_KWARG: torch.tensor([MAX_BLOCK_TOKENS + 1, 0, 0, 0], dtype=torch.int32)})
+    limits = torch.tensor([4, 0, 0, 0], dtype=torch.int32)
+    with pytest.raises(TraceNotCapturedError):
+        model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, enable_trace=True,
+                             **{BLOCK_KWARG: limits})
+    model.warmup_model_decode(kv_cache=kv, enable_trace=True, max_batch_size=ROWS, num_blocks=WIDTH,
+                              **{BLOCK_KWARG: 4})
+    model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, enable_trace=True,
+                         **{BLOCK_KWARG: limits})
