@@ -10,14 +10,17 @@ def test_defaults() -> None:
     assert SchedulerOptions.from_additional_config(None) == SchedulerOptions(
         DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
     )
-    assert set(CONFIG_KEYS) == {"prefill_burst", "prefill_hold", "_prefill_trace_lens", "_step_cost"}
+    assert set(CONFIG_KEYS) == {
+        "prefill_burst", "prefill_hold", "block_tokens", "_prefill_trace_lens", "_step_cost"
+    }
 
 
 def test_values_are_read() -> None:
     options = SchedulerOptions.from_additional_config(
-        {"tt": {"prefill_burst": 3, "prefill_hold": 0, "_prefill_trace_lens": [128, 1024, 512]}}
+        {"tt": {"prefill_burst": 3, "prefill_hold": 0, "block_tokens": 4,
+                "_prefill_trace_lens": [128, 1024, 512]}}
     )
-    assert options == SchedulerOptions(3, 0.0, 1024)
+    assert options == SchedulerOptions(3, 0.0, 1024, block_tokens=4)
 
 
 @pytest.mark.parametrize(
@@ -28,6 +31,7 @@ def test_values_are_read() -> None:
         ({"prefill_burst": "2"}, "integer >= 1"),
         ({"prefill_hold": -1}, "tt.prefill_hold=-1 is invalid"),
         ({"prefill_hold": float("inf")}, "number >= 0"),
+        ({"block_tokens": -1}, "tt.block_tokens=-1 is invalid"),
         ({"_prefill_trace_lens": "128"}, "list of positive ints"),
         ({"_prefill_trace_lens": [128, 0]}, "positive ints only"),
     ],
