@@ -1,52 +1,90 @@
-"""Adaptive block output through ``vllm.LLM`` (issue 31 item 4), one engine start: the trained
-tiny llama with ``--additional-config.tt.block_tokens 4`` drafts with its own first layers and
-verifies inside ``decode_forward``, committing 1 to 4 tokens per row per decode step.
+"""Adaptive block output through ``vllm serve`` and the OpenAI client (issue 31 item 4), one
+server: the trained tiny llama with ``--additional-config.tt.block_tokens 4`` drafts with its own
+first layers and verifies inside ``decode_forward``, committing 1 to 4 tokens per row per decode
+step.
 
-Greedy outputs equal transformers' token for token (4 rows at once); ``max_tokens`` inside a
-block and a stop token inside a block end the output exactly."""
+Greedy outputs equal transformers' token for token, streamed or not, alone and 4 rows at once, in
+fewer decode steps than tokens (the TT step counter says so); ``max_tokens`` and a stop token
+inside a block end the output exactly; a stop string ends the text right before it although the
+block ran past it."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 
-from tests.e2e.helpers import hf_greedy, offline_llm
+from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.spec_checks import GREEDY, assert_stop_strings_exact, complete, concurrently, stream
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 4
 MAX_NEW_TOKENS = 20
 TRAIN_STEPS = 200  # the KV offload tests' checkpoint
+SERVE_ARGS = ("--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256", "--seed", "0",
+              "--block-size", "32", "--additional-config.tt.block_tokens", str(BLOCK))
+TEXTS = ("The scheduler", "A lane is", "Each trace", "one two three one two three")
 
 
 @pytest.fixture(scope="module")
-def engine():
+def server(tmp_path_factory):
+    from transformers import AutoTokenizer
     from vllm_tt_testing.checkpoints import cached_tiny
 
     model_dir = cached_tiny("llama", TRAIN_STEPS)
-    llm = offline_llm(model=str(model_dir), max_num_seqs=4, max_model_len=256, seed=0, block_size=32,
-                      additional_config={"tt": {"mesh_backend": "host", "block_tokens": BLOCK}})
-    tokenizer = llm.get_tokenizer()
-    prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace", "one two three one two three")]
-    yield llm, prompts, hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    del llm
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    log = tmp_path_factory.mktemp("block_output") / "serve.log"
+    with serve(model_dir, *SERVE_ARGS, log=log) as url:
+        yield url, prompts, hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
 
 
-def _generate(llm, prompts, **params):
-    from vllm import SamplingParams
-
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0.0, **params))
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def test_greedy_blocks_equal_transformers(engine):
-    llm, prompts, expected = engine
-    assert _generate(llm, prompts, max_tokens=MAX_NEW_TOKENS, ignore_eos=True) == expected
+def decode_steps(url: str) -> float:
+    """Decode steps the engine ran (``vllm_tt:steps`` with phase ``decode``)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+               if line.startswith("vllm_tt:steps_total{") and 'phase="decode"' in line)
 
 
-def test_max_tokens_and_stop_tokens_inside_a_block_are_exact(engine):
-    llm, prompts, expected = engine
+def settled_decode_steps(url: str) -> float:
+    """The decode step count once the engine's metrics thread (every 0.25 s) has sent it."""
+    last, deadline = decode_steps(url), time.monotonic() + 15
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = decode_steps(url)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def test_greedy_blocks_equal_transformers_in_fewer_steps_than_tokens(server):
+    url, prompts, expected = server
+    before = settled_decode_steps(url)
+    alone = complete(url, prompts[0], max_tokens=MAX_NEW_TOKENS, **GREEDY)
+    steps = settled_decode_steps(url) - before
+    assert alone["choices"][0]["token_ids"] == expected[0]
+    # A plain decode step commits one token: the first comes from the prefill, 19 decode steps
+    # would follow. Blocks commit several.
+    assert 0 < steps < MAX_NEW_TOKENS - 1, steps
+    plain = concurrently(lambda p: complete(url, p, max_tokens=MAX_NEW_TOKENS, **GREEDY), [(p,) for p in prompts])
+    streamed = concurrently(lambda p: stream(url, p, max_tokens=MAX_NEW_TOKENS, **GREEDY), [(p,) for p in prompts])
+    assert [r["choices"][0]["token_ids"] for r in plain] == expected
+    assert [ids for _, ids in streamed] == expected
+    assert [text for text, _ in streamed] == [r["choices"][0]["text"] for r in plain]
+
+
+def test_max_tokens_and_stop_tokens_inside_a_block_are_exact(server):
+    url, prompts, expected = server
     for n in (1, 3, 5):  # 3 and 5 end inside a block of 4
-        assert _generate(llm, prompts[:1], max_tokens=n, ignore_eos=True) == [expected[0][:n]]
+        assert complete(url, prompts[0], max_tokens=n, **GREEDY)["choices"][0]["token_ids"] == expected[0][:n]
     stop = expected[1][5]
-    got = _generate(llm, prompts[1:2], max_tokens=MAX_NEW_TOKENS, ignore_eos=True, stop_token_ids=[stop])
-    assert got == [expected[1][: expected[1].index(stop) + 1]]
+    params = {**GREEDY, "extra_body": {**GREEDY["extra_body"], "stop_token_ids": [stop]}}
+    got = complete(url, prompts[1], max_tokens=MAX_NEW_TOKENS, **params)["choices"][0]["token_ids"]
+    assert got == expected[1][: expected[1].index(stop) + 1]
+
+
+def test_stop_strings_end_the_text_exactly(server):
+    url, prompts, _ = server
+    assert_stop_strings_exact(url, prompts)
