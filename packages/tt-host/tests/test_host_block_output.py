@@ -14,6 +14,7 @@ from vllm_tt_host.models.frame.block_output import BLOCK_KWARG as HOST_BLOCK_KWA
 from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, HostModelInputError
 from vllm_tt_models_registry.contract import BLOCK_KWARG, check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
+from vllm_tt_testing.decode_steps import clone_kv, prefilled
 
 BLOCK = 16
 ROWS = 4
@@ -34,23 +35,6 @@ def _model(checkpoint):
     cfg = model.config
     kv = model.allocate_kv_cache((40, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, cfg.num_layers)
     return model, kv
-
-
-def _prefilled(model, kv, prompts):
-    table = torch.zeros(ROWS, WIDTH, dtype=torch.int32)
-    for slot in range(len(prompts)):
-        table[slot] = torch.arange(1 + slot * WIDTH, 1 + (slot + 1) * WIDTH)
-    tokens = torch.zeros(len(prompts), max(len(p) for p in prompts), dtype=torch.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, : len(p)] = torch.tensor(p)
-    out = model.prefill_forward(tokens=tokens, page_table=table[: len(prompts)], kv_cache=kv,
-                                prompt_lens=[len(p) for p in prompts], start_pos=[0] * len(prompts),
-                                empty_slots=list(range(len(prompts))))
-    return table, [int(out[i, -1].argmax()) for i in range(len(prompts))]
-
-
-def _clone(kv):
-    return [[[t.clone() for t in pair] for pair in lane] for lane in kv]
 
 
 def _plain_greedy(model, kv, table, last, starts, steps):
@@ -78,9 +62,9 @@ def test_declares_block_output_through_the_contract():
 def test_blocks_equal_consecutive_greedy_decode_steps_and_their_kv(checkpoint):
     model, kv = _model(checkpoint)
     prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7, [40, 41, 42, 43]]
-    table, first = _prefilled(model, kv, prompts)
+    table, first = prefilled(model, kv, prompts, ROWS, WIDTH)
     starts = [len(p) for p in prompts]
-    plain_kv = _clone(kv)
+    plain_kv = clone_kv(kv)
     limits = [MAX_BLOCK_TOKENS, 3, 1]  # row 3 is padding
     expected = _plain_greedy(model, plain_kv, table, first, starts, MAX_BLOCK_TOKENS)
 
@@ -113,7 +97,7 @@ def test_the_self_drafter_is_accepted_and_rejected_on_a_trained_model(checkpoint
     correction token are exercised."""
     model, kv = _model(checkpoint)
     prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7, [40, 41, 42, 43], [60, 3, 77, 12, 9, 30]]
-    table, last = _prefilled(model, kv, prompts)
+    table, last = prefilled(model, kv, prompts, ROWS, WIDTH)
     pos = [len(p) for p in prompts]
     lengths = set()
     for _ in range(6):
@@ -130,7 +114,7 @@ def test_the_self_drafter_is_accepted_and_rejected_on_a_trained_model(checkpoint
 
 def test_block_inputs_are_checked_and_traced(checkpoint):
     model, kv = _model(checkpoint)
-    table, first = _prefilled(model, kv, [[5, 6, 7]])
+    table, first = prefilled(model, kv, [[5, 6, 7]], ROWS, WIDTH)
     tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
     tokens[0, 0] = first[0]
     start = torch.tensor([3, -1, -1, -1], dtype=torch.int32)

@@ -19,6 +19,7 @@ from vllm_tt_models_registry.contract import VERIFY_KWARG, check_model_class
 from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_sampling.params import TTSamplingParams
+from vllm_tt_testing.decode_steps import clone_kv, prefilled
 
 BLOCK = 16
 ROWS = 4
@@ -34,34 +35,16 @@ def _model(tiny_checkpoint, cls, arch, mesh=None):
     return model, kv
 
 
-def _prefilled(model, kv, prompts):
-    table = torch.zeros(ROWS, WIDTH, dtype=torch.int32)
-    for slot in range(len(prompts)):
-        table[slot] = torch.arange(1 + slot * WIDTH, 1 + (slot + 1) * WIDTH)
-    width = max(len(p) for p in prompts)
-    tokens = torch.zeros(len(prompts), width, dtype=torch.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, : len(p)] = torch.tensor(p)
-    out = model.prefill_forward(tokens=tokens, page_table=table[: len(prompts)], kv_cache=kv,
-                                prompt_lens=[len(p) for p in prompts], start_pos=[0] * len(prompts),
-                                empty_slots=list(range(len(prompts))))
-    return table, [int(out[i, -1].argmax()) for i in range(len(prompts))]
-
-
-def _clone(kv):
-    return [[[t.clone() for t in pair] for pair in lane] for lane in kv]
-
-
 @pytest.mark.parametrize(("cls", "arch"), [(HostLlamaForCausalLM, "llama"), (HostGemma3ForCausalLM, "gemma3")])
 def test_verify_logits_equal_consecutive_decode_steps(tiny_checkpoint, cls, arch):
     model, kv = _model(tiny_checkpoint, cls, arch)
     prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7]
-    table, first = _prefilled(model, kv, prompts)
+    table, first = prefilled(model, kv, prompts, ROWS, WIDTH)
     drafts = [[21, 22, 23], [31]]  # row 0 full, row 1 one draft; rows 2-3 padding
     seqs = [[first[i], *drafts[i]] for i in range(2)]
     starts = [len(p) for p in prompts]
 
-    plain_kv = _clone(kv)
+    plain_kv = clone_kv(kv)
     expected = {}
     for j in range(1 + K):
         tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
@@ -91,7 +74,7 @@ def test_verify_logits_equal_consecutive_decode_steps(tiny_checkpoint, cls, arch
 
 def test_verify_is_one_traced_shape_per_k_and_checks_its_inputs(tiny_checkpoint):
     model, kv = _model(tiny_checkpoint, HostLlamaForCausalLM, "llama")
-    table, first = _prefilled(model, kv, [[5, 6, 7]])
+    table, first = prefilled(model, kv, [[5, 6, 7]], ROWS, WIDTH)
     tokens = torch.zeros(ROWS, 1 + K, dtype=torch.int32)
     tokens[0, :2] = torch.tensor([first[0], 9])
     start = torch.tensor([3, -1, -1, -1], dtype=torch.int32)
@@ -110,7 +93,7 @@ def test_verify_is_one_traced_shape_per_k_and_checks_its_inputs(tiny_checkpoint)
 
 def _verify_call(model, kv):
     """A verify step of two rows (three drafts, one draft) after their prefills; rows 2-3 padding."""
-    table, first = _prefilled(model, kv, [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7])
+    table, first = prefilled(model, kv, [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7], ROWS, WIDTH)
     tokens = torch.zeros(ROWS, 1 + K, dtype=torch.int32)
     tokens[0], tokens[1, :2] = torch.tensor([first[0], 21, 22, 23]), torch.tensor([first[1], 31])
     start = torch.tensor([15, 21, -1, -1], dtype=torch.int32)
@@ -124,7 +107,7 @@ def test_device_verify_returns_each_positions_argmax_and_reads_back_only_ids(tin
         "llama-3.1-8b@N150")), command_queue=queue)
     model, kv = _model(tiny_checkpoint, HostLlamaForCausalLM, "llama", mesh)
     call = _verify_call(model, kv)
-    host_kv = _clone(kv)
+    host_kv = clone_kv(kv)
     logits = model.decode_forward(kv_cache=host_kv, **call)
     host_s = sleeps[-1]
     ids = model.decode_forward(kv_cache=kv, sampling_params=TTSamplingParams.neutral(ROWS), **call)
