@@ -211,6 +211,17 @@ def offline_greedy(llm: Any, prompts: Sequence[list[int]], max_tokens: int) -> l
     return [list(r.outputs[0].token_ids) for r in results]
 
 
+def served_metric(url: str, name: str, label: str = "") -> float:
+    """The sum of a server's ``/metrics`` samples named ``name`` (over its label sets), keeping
+    only those whose labels hold ``label`` (``'phase="decode"'``) when one is given."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if (sample == name or sample.startswith(name + "{")) and label in sample:
+            total += float(value)
+    return total
+
+
 def metric_total(llm: Any, name: str) -> int:
     """The sum of an offline engine's metric ``name`` (``vllm:num_preemptions``, ...)."""
     return sum(int(m.value) for m in llm.get_metrics() if m.name == name)

@@ -12,9 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tests.e2e.helpers import hf_greedy, repetitive_prompts
+from tests.e2e.helpers import hf_greedy, repetitive_prompts, served_metric
 
 
 def generate(llm, prompts, params):
@@ -218,8 +216,4 @@ def concurrently(fn: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
 
 def accepted_drafts(url: str) -> float:
     """vLLM's acceptance counter, summed over its label sets."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return served_metric(url, "vllm:spec_decode_num_accepted_tokens_total")

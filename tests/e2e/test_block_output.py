@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import hf_greedy, serve, served_metric
 from tests.e2e.spec_checks import GREEDY, assert_stop_strings_exact, complete, concurrently, stream
 
 pytestmark = pytest.mark.e2e
@@ -43,8 +42,7 @@ def server(tmp_path_factory):
 
 def decode_steps(url: str) -> float:
     """Decode steps the engine ran (``vllm_tt:steps`` with phase ``decode``)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
-               if line.startswith("vllm_tt:steps_total{") and 'phase="decode"' in line)
+    return served_metric(url, "vllm_tt:steps_total", 'phase="decode"')
 
 
 def settled_decode_steps(url: str) -> float:

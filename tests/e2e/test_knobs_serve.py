@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.helpers import hf_greedy, serve
+from tests.e2e.helpers import hf_greedy, serve, served_metric
 from tests.e2e.test_sampling_serve import by_id, hf_log_softmax
 
 pytestmark = pytest.mark.e2e
@@ -164,9 +163,7 @@ LOW_REQUESTS, HIGH_REQUESTS, LONG_DECODE = 8, 2, 200
 
 
 def _waiting(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_waiting{"))
+    return served_metric(url, "vllm:num_requests_waiting")
 
 
 def _ttft(client: Any, priority: int, prompt: list[int]) -> float:

@@ -15,10 +15,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.e2e.helpers import assert_greedy_equal, concurrent_greedy, hf_greedy, repetitive_prompts, serve
+from tests.e2e.helpers import (
+    assert_greedy_equal,
+    concurrent_greedy,
+    hf_greedy,
+    repetitive_prompts,
+    serve,
+    served_metric,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,26 +48,17 @@ def lane_server(tiny_checkpoint, tmp_path_factory):
         yield model_dir, url, log, trace
 
 
-def counter(url: str, name: str) -> float:
-    """A vLLM counter from /metrics, summed over its label sets."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_concurrent_greedy_in_lanes_equals_transformers(lane_server):
     model_dir, url, _, _ = lane_server
     from transformers import AutoTokenizer
 
     prompts = repetitive_prompts(AutoTokenizer.from_pretrained(model_dir).vocab_size)  # 8: every lane's rows
     expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    before = counter(url, "vllm:spec_decode_num_accepted_tokens_total")
+    before = served_metric(url, "vllm:spec_decode_num_accepted_tokens_total")
     got = concurrent_greedy(url, prompts, MAX_NEW_TOKENS)
     assert_greedy_equal(prompts, got, expected)
-    accepted = counter(url, "vllm:spec_decode_num_accepted_tokens_total") - before
-    drafted = counter(url, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = served_metric(url, "vllm:spec_decode_num_accepted_tokens_total") - before
+    drafted = served_metric(url, "vllm:spec_decode_num_draft_tokens_total")
     assert accepted <= drafted, (accepted, drafted)
     # more than one lane's rows could have accepted: the counter covers every lane
     assert accepted > ROWS * MAX_NEW_TOKENS, accepted
@@ -87,10 +84,10 @@ def test_preemption_in_lanes_with_drafts_in_flight_stays_exact(lane_server):
     max_tokens = 110
     expected = hf_greedy(model_dir, prompts, max_tokens)
     preempted = preemptions_per_lane(trace)
-    accepted = counter(url, "vllm:spec_decode_num_accepted_tokens_total")
+    accepted = served_metric(url, "vllm:spec_decode_num_accepted_tokens_total")
     got = concurrent_greedy(url, prompts, max_tokens)
     assert_greedy_equal(prompts, got, expected)
-    assert counter(url, "vllm:spec_decode_num_accepted_tokens_total") > accepted
+    assert served_metric(url, "vllm:spec_decode_num_accepted_tokens_total") > accepted
     lanes_preempting = [lane for lane, n in (preemptions_per_lane(trace) - preempted).items() if n > 0]
     assert len(lanes_preempting) >= 2, preemptions_per_lane(trace)
 

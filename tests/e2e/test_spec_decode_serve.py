@@ -17,10 +17,9 @@ import random
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.e2e.helpers import hf_greedy, repetitive_prompts, serve
+from tests.e2e.helpers import hf_greedy, repetitive_prompts, serve, served_metric
 from tests.e2e.spec_checks import (
     GREEDY,
     accepted_drafts,
@@ -62,8 +61,7 @@ def prompts(server) -> list[list[int]]:
 
 def device_verified_steps(url: str) -> float:
     """Verify steps the device verified (``vllm_tt:sampling_batches`` with reason ``verify``)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
-               if line.startswith("vllm_tt:sampling_batches_total{") and 'reason="verify"' in line)
+    return served_metric(url, "vllm_tt:sampling_batches_total", 'reason="verify"')
 
 
 def test_streaming_equals_plain_equals_transformers(server, prompts):
