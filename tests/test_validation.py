@@ -353,6 +353,39 @@ def test_mtp_k_beyond_the_verify_trace_is_refused_at_startup():
     assert "--speculative-config num_speculative_tokens" in str(info.value) and "Fix:" in str(info.value)
 
 
+def test_custom_class_is_the_models_own_drafter(llama):
+    """``method: custom_class`` on TT names the platform's ``ModelDrafts`` (the model's own
+    drafter) on a model declaring ``max_model_drafts``; any other proposer class, a model
+    without a drafter of its own, or K beyond what it drafts is refused before the model loads."""
+    from dataclasses import replace
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_host.models.families import HostLlamaForCausalLM
+    from vllm_tt_models_registry.contract import check_model_class
+    from vllm_tt_platform.config.startup_checks import MODEL_DRAFTS, check_speculation
+    from vllm_tt_platform.runner.model_drafts import ModelDrafts
+    from vllm_tt_testing.checkpoints import cached_mtp
+
+    assert f"{ModelDrafts.__module__}.{ModelDrafts.__qualname__}" == MODEL_DRAFTS
+
+    def config(model, proposer, k=3):
+        return EngineArgs(model=str(model), max_model_len=256, additional_config=HOST,
+                          speculative_config={"method": "custom_class", "model": proposer,
+                                              "num_speculative_tokens": k}).create_engine_config()
+
+    served = config(llama, MODEL_DRAFTS)  # vLLM also infers custom_class from the dotted path alone
+    assert served.speculative_config.method == "custom_class"
+    with pytest.raises(TTUnsupportedFeatureError, match="--speculative-config model") as info:
+        config(llama, "my_pkg.MyProposer")
+    assert MODEL_DRAFTS in str(info.value) and "Fix:" in str(info.value)
+    with pytest.raises(TTUnsupportedFeatureError, match="do not declare max_model_drafts"):
+        config(cached_mtp(), MODEL_DRAFTS, k=1)
+    caps = replace(check_model_class(HostLlamaForCausalLM, owner="test"), max_model_drafts=2)
+    with pytest.raises(TTConfigError, match="at most 2 for TTLlamaForCausalLM") as info:
+        check_speculation(served, caps, "TTLlamaForCausalLM")
+    assert "set num_speculative_tokens to 2 or less" in str(info.value)
+
+
 def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch):
     """vLLM keeps async scheduling on for draft_model; the TT runner proposes drafts between
     steps, so an explicit --async-scheduling is refused (vLLM's default is switched off)."""

@@ -53,7 +53,9 @@ class SimConfig:
     tt: dict[str, Any] = field(default_factory=dict)
     """The ``tt`` section of ``--additional-config``."""
     num_speculative_tokens: int = 0
-    """K of n-gram speculative decoding (0: off): the scheduler schedules drafts."""
+    """K of speculative decoding (0: off): the scheduler schedules drafts."""
+    spec_proposer: str | None = None
+    """A ``custom_class`` proposer path (the model's own drafter); default: n-gram drafts."""
 
     @property
     def pool_blocks(self) -> int:
@@ -116,10 +118,14 @@ def build_vllm_config(config: SimConfig) -> VllmConfig:
     vllm_config.model_config = model
     cache_config.num_gpu_blocks = config.pool_blocks
     if config.num_speculative_tokens:
-        vllm_config.speculative_config = SpeculativeConfig(
-            method="ngram", num_speculative_tokens=config.num_speculative_tokens, prompt_lookup_max=3,
-            prompt_lookup_min=1, target_model_config=model, target_parallel_config=vllm_config.parallel_config,
-        )
+        k, parallel = config.num_speculative_tokens, vllm_config.parallel_config
+        if config.spec_proposer is not None:
+            spec = SpeculativeConfig(method="custom_class", model=config.spec_proposer, num_speculative_tokens=k,
+                                     target_model_config=model, target_parallel_config=parallel)
+        else:
+            spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1,
+                                     target_model_config=model, target_parallel_config=parallel)
+        vllm_config.speculative_config = spec
     return vllm_config
 
 

@@ -6,13 +6,15 @@ OpenAI-client calls of the serve tests."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.helpers import hf_greedy, repetitive_prompts, served_metric
+from tests.e2e.helpers import hf_greedy, repetitive_prompts, serve, served_metric
 
 
 def generate(llm, prompts, params):
@@ -185,6 +187,27 @@ def assert_stop_strings_exact(url: str, prompts: list[list[int]]) -> None:
         assert stream(url, prompt, stop=[stop], **GREEDY)[0] == cut
         tested += 1
     assert tested >= 3
+
+
+SELF_DRAFTING_TEXTS = ("The scheduler", "A lane is", "Each trace", "one two three one two three")
+"""Prompts of the self-drafting tests (block output, the model's own drafter)."""
+
+
+@contextlib.contextmanager
+def self_drafting_server(log: Path, max_new_tokens: int, *args: str) -> Iterator[tuple[str, list[list[int]],
+                                                                                    list[list[int]]]]:
+    """``vllm serve`` of the tiny llama trained 200 steps (its half-depth drafter agrees now and
+    then) with ``args``: its URL, the prompts of ``SELF_DRAFTING_TEXTS`` and transformers' greedy
+    continuations of them."""
+    from transformers import AutoTokenizer
+    from vllm_tt_testing.checkpoints import cached_tiny
+
+    model_dir = cached_tiny("llama", 200)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer.encode(t) for t in SELF_DRAFTING_TEXTS]
+    with serve(model_dir, "--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
+               "--seed", "0", "--block-size", "32", *args, log=log) as url:
+        yield url, prompts, hf_greedy(model_dir, prompts, max_new_tokens)
 
 
 def client_for(url: str) -> Any:

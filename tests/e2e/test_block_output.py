@@ -14,30 +14,27 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import hf_greedy, serve, served_metric
-from tests.e2e.spec_checks import GREEDY, assert_stop_strings_exact, complete, concurrently, stream
+from tests.e2e.helpers import served_metric
+from tests.e2e.spec_checks import (
+    GREEDY,
+    assert_stop_strings_exact,
+    complete,
+    concurrently,
+    self_drafting_server,
+    stream,
+)
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 4
 MAX_NEW_TOKENS = 20
-TRAIN_STEPS = 200  # the KV offload tests' checkpoint
-SERVE_ARGS = ("--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256", "--seed", "0",
-              "--block-size", "32", "--additional-config.tt.block_tokens", str(BLOCK))
-TEXTS = ("The scheduler", "A lane is", "Each trace", "one two three one two three")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from transformers import AutoTokenizer
-    from vllm_tt_testing.checkpoints import cached_tiny
-
-    model_dir = cached_tiny("llama", TRAIN_STEPS)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer.encode(t) for t in TEXTS]
     log = tmp_path_factory.mktemp("block_output") / "serve.log"
-    with serve(model_dir, *SERVE_ARGS, log=log) as url:
-        yield url, prompts, hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
+    with self_drafting_server(log, MAX_NEW_TOKENS, "--additional-config.tt.block_tokens", str(BLOCK)) as served:
+        yield served
 
 
 def decode_steps(url: str) -> float:

@@ -1,7 +1,8 @@
 """Block-output decode steps of host models (adaptive block output): ``decode_forward`` with
 ``block_tokens`` drafts with the model's own first layers and verifies with its full pass, so
 each row commits exactly the tokens consecutive plain greedy decode steps give (1 up to its
-limit, then -1), leaves the KV those steps would leave, and keeps the fixed shape of a trace."""
+limit, then -1), leaves the KV those steps would leave, and keeps the fixed shape of a trace.
+The same drafter alone (``propose_drafts``) drafts for vLLM's verify steps."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from transformers import AutoConfig
 from vllm_tt_host.device import HostMeshDevice, TraceNotCapturedError
 from vllm_tt_host.models.families import HostLlamaForCausalLM
 from vllm_tt_host.models.frame.block_output import BLOCK_KWARG as HOST_BLOCK_KWARG
-from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, HostModelInputError
+from vllm_tt_host.models.frame.block_output import draft_layers
+from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, MAX_VERIFY_TOKENS, HostModelInputError
 from vllm_tt_models_registry.contract import BLOCK_KWARG, check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.decode_steps import clone_kv, prefilled
@@ -132,3 +134,61 @@ def test_block_inputs_are_checked_and_traced(checkpoint):
                               **{BLOCK_KWARG: 4})
     model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, enable_trace=True,
                          **{BLOCK_KWARG: limits})
+
+
+# -- the same drafter alone: the model's own drafts for vLLM's verify steps (custom_class) -----
+
+def test_declares_its_own_drafter_through_the_contract():
+    caps = check_model_class(HostLlamaForCausalLM, owner="test")
+    assert caps.max_model_drafts == MAX_VERIFY_TOKENS - 1
+
+
+def _draft_inputs(first, starts, counts):
+    tokens = torch.zeros(ROWS, 1, dtype=torch.int32)
+    start = torch.full((ROWS,), -1, dtype=torch.int32)
+    num = torch.zeros(ROWS, dtype=torch.int32)
+    for i, (token, pos, n) in enumerate(zip(first, starts, counts, strict=True)):
+        tokens[i, 0], start[i], num[i] = token, pos, n
+    return tokens, start, num
+
+
+def test_model_drafts_are_the_half_depth_models_greedy_tokens_and_leave_the_target_exact(checkpoint):
+    """The drafts are what transformers' model cut to its first ``draft_layers`` layers (norm
+    and head kept) continues greedily, and the target's next steps are unchanged by them."""
+    from transformers import AutoModelForCausalLM
+
+    model, kv = _model(checkpoint)
+    prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13] * 7, [40, 41, 42, 43]]
+    table, first = prefilled(model, kv, prompts, ROWS, WIDTH)
+    starts = [len(p) for p in prompts]
+    untouched = clone_kv(kv)
+    counts = [MAX_VERIFY_TOKENS - 1, 2, 0]
+    tokens, start, num = _draft_inputs(first, starts, counts)
+    drafts = model.propose_drafts(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, num_drafts=num)
+    assert drafts.shape == (ROWS, MAX_VERIFY_TOKENS - 1)
+
+    half = AutoModelForCausalLM.from_pretrained(checkpoint, num_hidden_layers=draft_layers(model.config.num_layers),
+                                                torch_dtype=torch.float32).eval()
+    for i, (prompt, n) in enumerate(zip(prompts, counts, strict=True)):
+        row = drafts[i].tolist()
+        assert row[n:] == [-1] * (len(row) - n)
+        ids = [*prompt, first[i]]
+        with torch.no_grad():  # greedy past any end-of-text token, as the drafter does
+            for _ in range(n):
+                ids.append(int(half(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert row[:n] == ids[len(prompt) + 1 :], i
+    assert drafts[3].tolist() == [-1] * (MAX_VERIFY_TOKENS - 1)
+    # The target's own steps after the drafts are the steps without them.
+    assert _plain_greedy(model, kv, table, first, starts, 4) == _plain_greedy(model, untouched, table, first, starts, 4)
+
+
+def test_model_draft_inputs_are_checked(checkpoint):
+    model, kv = _model(checkpoint)
+    table, first = prefilled(model, kv, [[5, 6, 7]], ROWS, WIDTH)
+    tokens, start, num = _draft_inputs(first, [3], [1])
+    num[1] = 2  # a padding row asking for drafts
+    with pytest.raises(HostModelInputError, match="0 for padding rows"):
+        model.propose_drafts(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, num_drafts=num)
+    num[1], num[0] = 0, MAX_VERIFY_TOKENS
+    with pytest.raises(HostModelInputError, match=f"in \\[0, {MAX_VERIFY_TOKENS - 1}\\]"):
+        model.propose_drafts(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, num_drafts=num)

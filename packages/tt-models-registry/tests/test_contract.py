@@ -138,6 +138,19 @@ def test_async_decode_needs_read_decode_output() -> None:
     check_model_class(NoReader, owner="t")
 
 
+def test_model_drafts_need_propose_drafts(generator_cls: type) -> None:
+    drafting = type("Drafting", (generator_cls,), {"model_capabilities": {"max_model_drafts": 3}})
+    with pytest.raises(ContractError, match="max_model_drafts but has no method propose_drafts") as info:
+        check_model_class(drafting, owner="t")
+    assert "propose_drafts(tokens=..., start_pos=..., page_table=..., kv_cache=..., num_drafts=...)" in info.value.fix
+
+    def propose_drafts(self, tokens, start_pos, page_table, kv_cache, num_drafts, **kwargs):
+        return None
+
+    drafting.propose_drafts = propose_drafts
+    assert check_model_class(drafting, owner="t").max_model_drafts == 3
+
+
 def test_overrides_win_over_class_capabilities(generator_cls: type) -> None:
     caps = check_model_class(
         generator_cls, owner="t", overrides={"single_program_lanes": True, "supports_prefix_caching": False}

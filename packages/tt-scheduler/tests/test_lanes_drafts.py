@@ -14,9 +14,10 @@ from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, ma
 K = 3
 
 
-def spec_coordinator(lanes: int = 2, rows: int = 2, async_scheduling: bool = False) -> TTLaneCoordinator:
+def spec_coordinator(lanes: int = 2, rows: int = 2, async_scheduling: bool = False,
+                     proposer: str | None = None) -> TTLaneCoordinator:
     config = SimConfig(max_num_seqs=lanes * rows, tt={"_lanes": lanes, "_rows_per_lane": rows},
-                       num_speculative_tokens=K, async_scheduling=async_scheduling)
+                       num_speculative_tokens=K, async_scheduling=async_scheduling, spec_proposer=proposer)
     return build_scheduler(functools.partial(TTLaneCoordinator, log_stats=True), config)
 
 
@@ -36,6 +37,23 @@ def _prefilled(sched: TTLaneCoordinator) -> Engine:
     sim.step()
     assert [sched.lane_of(r) for r in "abcd"] == [0, 1, 0, 1]
     return sim
+
+
+def test_the_models_own_drafter_gets_k_lookahead_slots_in_every_lane() -> None:
+    """``custom_class`` (the model's own drafter) writes its K drafts' KV past the scheduled
+    tokens, so every lane's allocation reserves K more slots: a one-block prompt holds a second
+    block for them; n-gram drafts write nothing and reserve nothing."""
+    for proposer, lookahead, blocks in ((None, 0, 1), ("pkg.ModelDrafts", K, 2)):
+        sched = spec_coordinator(proposer=proposer)
+        sim = Engine(sched)
+        for req_id in "ab":  # lanes 0, 1
+            sim.add(make_request(req_id, SimConfig.block_size, 20))
+        sim.step()
+        for lane, req_id in enumerate("ab"):
+            scheduler = sched.lanes[lane]
+            assert scheduler.num_lookahead_tokens == lookahead
+            held = scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
+            assert len(held) == blocks, (proposer, lane, held)
 
 
 def test_verify_step_carries_every_lane_s_drafts_and_counts_every_lane_s_acceptance() -> None:

@@ -71,6 +71,14 @@ class ModelCapabilities:
     contract's ``BLOCK_KWARG``, it verifies its drafts greedily and returns int tokens ``[B, W]``
     (``W`` = this value), each row's committed tokens first, then -1; switched on by the
     operator with ``--additional-config.tt.block_tokens``."""
+    max_model_drafts: int = 0
+    """The model's own drafter (the reference plugin's ``custom_class`` rail): after each step
+    ``propose_drafts(tokens, start_pos, page_table, kv_cache, num_drafts)`` returns up to this
+    many draft ids per row after the row's last token (int ``[B, W]``, -1 beyond a row's
+    ``num_drafts``), which ordinary verify steps then check (0: none). It may write KV at the
+    drafts' positions (the scheduler reserves K lookahead slots per row; verify steps overwrite
+    them) and leaves the device's decode inputs as they were. Served with ``--speculative-config
+    method custom_class`` naming the platform's ``ModelDrafts`` proposer."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
     pooling_model: bool = False

@@ -153,6 +153,13 @@ class TTModelExtras(Protocol):
         hidden states the last target step kept. Required when ``supports_mtp`` is declared."""
         ...
 
+    def propose_drafts(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any, num_drafts: Any,
+                       **kwargs: Any) -> Any:
+        """The model's own drafts: int ``[B, max_model_drafts]``, up to ``num_drafts[r]`` ids after
+        row ``r``'s last token ``tokens[r]`` at ``start_pos[r]`` (-1 beyond them, and for padding
+        rows: ``start_pos`` -1, ``num_drafts`` 0). Required when ``max_model_drafts`` is declared."""
+        ...
+
     def read_kv_blocks(self, kv_cache: Any, lane: int, layers: Any, block_ids: Any) -> Any:
         """Start copying blocks ``block_ids`` (int, the lane's own ids) of decoder ``layers``
         from lane ``lane``'s KV cache to host memory; returns at once with a handle (see
@@ -376,6 +383,8 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("allocate_mtp_kv_cache", ("kv_cache_shape", "dtype")),
         CallShape("mtp_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
                                            "num_drafts")),
+        CallShape("propose_drafts", keywords=("tokens", "start_pos", "page_table", "kv_cache", "num_drafts"),
+                  sometimes=("page_tables_per_layer",)),
         CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
         CallShape("write_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids", "pages")),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
@@ -463,6 +472,11 @@ def check_model_class(
             owner, f"class {name} declares supports_mtp but lacks allocate_mtp_kv_cache() or mtp_forward()",
             f"implement {CALLS['allocate_mtp_kv_cache'].render()} and {CALLS['mtp_forward'].render()}, "
             "or drop the capability",
+        )
+    if capabilities.max_model_drafts and not callable(getattr(model_cls, "propose_drafts", None)):
+        raise ContractError(
+            owner, f"class {name} declares max_model_drafts but has no method propose_drafts()",
+            f"implement {CALLS['propose_drafts'].render()}, or drop the capability",
         )
     if capabilities.supports_async_decode and not callable(getattr(model_cls, "read_decode_output", None)):
         raise ContractError(

@@ -23,7 +23,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 def reserve_lookahead(scheduler: Any, block_tokens: int) -> None:
     """Every allocation leaves room for a block: ``block_tokens - 1`` slots past the scheduled
-    tokens (vLLM caps them at the model length)."""
+    tokens (vLLM caps them at the model length). A drafter that writes its K drafts' KV (the
+    model's own, ``custom_class``) asks for a block of ``1 + K``."""
     scheduler.num_lookahead_tokens = max(scheduler.num_lookahead_tokens, block_tokens - 1)
 
 

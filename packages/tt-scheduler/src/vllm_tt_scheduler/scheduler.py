@@ -73,6 +73,9 @@ class PhaseScheduling(SchedulerBackports):
         self._blocked_until = 0
         if options.block_tokens > 1:
             block_output.reserve_lookahead(self, options.block_tokens)
+        spec = self.vllm_config.speculative_config
+        if spec is not None and spec.method == "custom_class":  # the model's own drafter writes its drafts' KV
+            block_output.reserve_lookahead(self, 1 + spec.num_speculative_tokens)
         self._trace: StepTrace = NullStepTrace()
         if not self.coordinated:
             self._trace = open_step_trace(envs.step_trace_path())

@@ -203,11 +203,16 @@ def serves_pooling(vllm_config: VllmConfig) -> bool:
     return vllm_config.model_config.runner_type == "pooling"
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp")
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp", "custom_class")
 """``--speculative-config`` methods the TT runner serves: vLLM's ``NgramProposer`` on the host,
-a drafter checkpoint run as a second program on the mesh (``runner.draft_model``), and the
+a drafter checkpoint run as a second program on the mesh (``runner.draft_model``), the
 checkpoint's own MTP module run by the model (``runner.mtp``; vLLM maps ``deepseek_mtp``,
-``qwen3_5_mtp``, ... to ``mtp``)."""
+``qwen3_5_mtp``, ... to ``mtp``), and the model's own drafter (``custom_class`` naming
+``MODEL_DRAFTS``)."""
+
+MODEL_DRAFTS = "vllm_tt_platform.runner.model_drafts.ModelDrafts"
+"""The ``custom_class`` proposer TT serves (``--speculative-config`` ``model``): the served
+model's own drafter (``max_model_drafts``, ``runner.model_drafts``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
@@ -232,6 +237,8 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
     if vllm_config.speculative_config.method == "mtp":
         _check_mtp(vllm_config.speculative_config, caps, arch)
     k = vllm_config.speculative_config.num_speculative_tokens or 0
+    if vllm_config.speculative_config.method == "custom_class":
+        _check_model_drafts(vllm_config.speculative_config, k, caps, arch)
     if caps.max_verify_tokens and 1 + k > caps.max_verify_tokens:
         raise TTConfigError(
             "--speculative-config num_speculative_tokens", k,
@@ -283,6 +290,32 @@ def _check_mtp(spec: SpeculativeConfig, caps: ModelCapabilities, arch: str) -> N
             f"a checkpoint with MTP layers; {spec.model}'s config declares none "
             "(num_nextn_predict_layers / mtp_num_hidden_layers unset or 0)",
             "use method ngram or draft_model, or serve a checkpoint that ships MTP weights and declares them",
+        )
+
+
+def _check_model_drafts(spec: SpeculativeConfig, k: int, caps: ModelCapabilities, arch: str) -> None:
+    """``method: custom_class`` on TT is the model's own drafter: the proposer must be
+    ``MODEL_DRAFTS`` (vLLM's GPU runner would import any class; TT runs the model's program),
+    and the model must draft at least K tokens (``max_model_drafts``)."""
+    key = "--speculative-config model"
+    if spec.model != MODEL_DRAFTS:
+        raise TTUnsupportedFeatureError(
+            key, spec.model, MODEL_DRAFTS,
+            f"custom_class on TT runs the served model's own drafter: set model to {MODEL_DRAFTS}, or use "
+            "method ngram, draft_model or mtp (docs/speculative-decoding.md)",
+        )
+    if not caps.max_model_drafts:
+        raise TTUnsupportedFeatureError(
+            key, spec.model, f"another method for {arch}, whose model_capabilities do not declare max_model_drafts",
+            "use method ngram or draft_model, or serve a model that drafts for itself (model contract: "
+            "propose_drafts)",
+        )
+    if k > caps.max_model_drafts:
+        raise TTConfigError(
+            "--speculative-config num_speculative_tokens", k,
+            f"at most {caps.max_model_drafts} for {arch}, whose own drafter proposes that many per row "
+            "(model_capabilities max_model_drafts)",
+            f"set num_speculative_tokens to {caps.max_model_drafts} or less",
         )
 
 

@@ -15,7 +15,8 @@ from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner import mm_inputs
-from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, PrefillCall, VerifyCall
+from vllm_tt_platform.runner.batch import RequestState
+from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, DraftCall, PrefillCall, VerifyCall
 from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan, VerifyInputs, slot_states
@@ -76,6 +77,19 @@ class StepCalls:
         for r in plan.rows:
             limits[r.state.slot] = block_tokens[r.state.req_id]
         return BlockCall(self._decode_inputs(plan), self.kv_cache, self.decode_trace, limits)
+
+    def drafts(self, rows: list[tuple[RequestState, int]]) -> DraftCall:
+        """The model's own drafter over ``(row, drafts asked)`` pairs of rows that just produced a
+        token: each row's newest token at its position (``num_tokens - 1``; no KV yet)."""
+        tokens = torch.zeros((self.num_slots, 1), dtype=torch.int32)
+        start_pos = torch.full((self.num_slots,), -1, dtype=torch.int32)
+        counts = torch.zeros(self.num_slots, dtype=torch.int32)
+        by_slot: list[RequestState | None] = [None] * self.num_slots
+        for state, count in rows:
+            tokens[state.slot, 0], start_pos[state.slot], counts[state.slot] = state.last_token, state.num_tokens - 1, count
+            by_slot[state.slot] = state
+        inputs = DecodeInputs.of(by_slot, tokens, start_pos, self.table_width, self.blocks_per_lane, self.layout)
+        return DraftCall(inputs, self.kv_cache, counts)
 
     def _decode_inputs(self, plan: StepPlan) -> DecodeInputs:
         return DecodeInputs.build(plan.rows, self.num_slots, self.table_width, self.blocks_per_lane, self.layout)

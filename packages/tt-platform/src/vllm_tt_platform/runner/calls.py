@@ -136,6 +136,24 @@ class BlockCall:
         return kwargs
 
 
+@dataclass(frozen=True)
+class DraftCall:
+    """``propose_drafts``: the model's own drafter (``max_model_drafts``) after a step, over the
+    full fixed batch: each drafting row's newest token at its position, the rest padding."""
+
+    inputs: DecodeInputs
+    kv_cache: Any
+    num_drafts: torch.Tensor
+    """int32 ``[num_slots]``: the drafts each row asks for (0: none, padding)."""
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        kwargs = {"tokens": self.inputs.tokens, "start_pos": self.inputs.start_pos,
+                  "page_table": self.inputs.page_table, "kv_cache": self.kv_cache, "num_drafts": self.num_drafts}
+        if self.inputs.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = self.inputs.page_tables_per_layer
+        return kwargs
+
+
 def _decode_kwargs(inputs: DecodeInputs, tokens: Any, kv_cache: Any, enable_trace: bool, *,
                    read_from_device: bool) -> dict[str, Any]:
     """The arguments every ``decode_forward`` call takes (the contract's ``CALLS`` keywords)."""

@@ -34,6 +34,7 @@ from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts, PagedDrafter
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
+from vllm_tt_platform.runner.model_drafts import ModelDrafts
 from vllm_tt_platform.runner.mtp import MtpDrafts
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.sampling.step_sampling import StepSampling
@@ -134,6 +135,8 @@ class TTModelRunner:
                     raise TypeError(f"{model_cls.__qualname__}: the first KV layer is not attention ({layer_spec})")
                 drafter = self._paged_drafter = MtpDrafts(self.vllm_config, self._model, layer_spec,
                                                           self.spec_settings.num_tokens, self.batch.num_slots)
+            elif self.spec_settings.method == "custom_class":  # startup checks: the model's own drafter
+                drafter = ModelDrafts(self.vllm_config, self._model, self.spec_settings.num_tokens, self._calls)
             elif self.spec_settings.method == "draft_model":
                 drafter = self._paged_drafter = DraftModel(self.vllm_config, self.setup, self.mesh_device,
                                                          self.spec_settings.num_tokens)
@@ -211,7 +214,11 @@ class TTModelRunner:
         if self.spec_settings is None:
             return "off"
         topology = self.topology
-        drafter = self._paged_drafter.describe(self._num_blocks) if self._paged_drafter is not None else ""
+        drafter = ""
+        if self._paged_drafter is not None:
+            drafter = self._paged_drafter.describe(self._num_blocks)
+        elif self._spec is not None and isinstance(self._spec.drafter, ModelDrafts):
+            drafter = self._spec.drafter.describe()
         return self.spec_settings.describe(topology.lanes, topology.rows_per_lane,
                                            device_sampling=bool(self.setup.config.sample_on_device_mode),
                                            drafter=drafter)

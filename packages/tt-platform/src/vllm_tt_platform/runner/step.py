@@ -151,7 +151,12 @@ class DecodeInputs:
         for r in rows:
             tokens[r.state.slot, 0] = r.state.last_token
             start_pos[r.state.slot] = r.state.num_computed_tokens
-        by_slot = slot_states(rows, num_slots)
+        return cls.of(slot_states(rows, num_slots), tokens, start_pos, table_width, blocks_per_lane, layout)
+
+    @classmethod
+    def of(cls, by_slot: list[RequestState | None], tokens: torch.Tensor, start_pos: torch.Tensor, table_width: int,
+           blocks_per_lane: int, layout: KVLayout | None = None) -> DecodeInputs:
+        """``tokens`` and ``start_pos`` by slot, with the block tables of the states ``by_slot``."""
         if layout is None:
             return cls(tokens, start_pos, page_table(by_slot, table_width, blocks_per_lane))
         per_layer = page_tables_per_layer(by_slot, table_width, blocks_per_lane, layout)

@@ -20,9 +20,9 @@ DECODER: Mapping[str, Any] = {
 }
 """What a decoder on the frame declares in ``model_capabilities`` (its non-default flags)."""
 
-SELF_DRAFTING: Mapping[str, Any] = {"max_block_tokens": MAX_BLOCK_TOKENS}
+SELF_DRAFTING: Mapping[str, Any] = {"max_block_tokens": MAX_BLOCK_TOKENS, "max_model_drafts": MAX_VERIFY_TOKENS - 1}
 """What a decoder whose every layer is attention adds: block output drafted by its own first
-layers (``block_output``)."""
+layers, and the same drafter for vLLM's verify steps (``block_output``)."""
 
 SLIDING: Mapping[str, Any] = {**DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
 """A decoder with sliding-window and full layers (hybrid KV)."""

@@ -131,6 +131,17 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
         """The block a block-output step returns per row (``model_capabilities``; 0: none)."""
         return int(self.model_capabilities.get("max_block_tokens", 0))
 
+    def propose_drafts(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: list[LaneKV], num_drafts: Any,
+                       **kwargs: Any) -> torch.Tensor:
+        """The model's own drafts (the contract's ``propose_drafts``): its first layers cut
+        short, as block output drafts (``block_output.propose_drafts``)."""
+        width = int(self.model_capabilities.get("max_model_drafts", 0))
+        if not width:
+            raise HostModelInputError(f"{type(self).__qualname__} does not declare max_model_drafts: it has no "
+                                      "drafter of its own")
+        return block_output.propose_drafts(self, tokens, start_pos, page_table, kv_cache, num_drafts,
+                                           kwargs.get("page_tables_per_layer"), width)
+
     # ---- class-level contract ----------------------------------------------------------
 
     @classmethod
