@@ -9,12 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoConfig
-from vllm_tt_host.device import HostMeshDevice, TraceNotCapturedError
+from vllm_tt_host.command_queue import CommandQueue
+from vllm_tt_host.device import HostDeviceOptions, HostMeshDevice, TraceNotCapturedError
 from vllm_tt_host.models.families import HostLlamaForCausalLM
 from vllm_tt_host.models.frame.block_output import BLOCK_KWARG as HOST_BLOCK_KWARG
 from vllm_tt_host.models.frame.block_output import draft_layers
 from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, MAX_VERIFY_TOKENS, HostModelInputError
 from vllm_tt_models_registry.contract import BLOCK_KWARG, check_model_class
+from vllm_tt_platform.cost.device_time import parse_device_time
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.decode_steps import clone_kv, prefilled
 
@@ -192,3 +194,24 @@ def test_model_draft_inputs_are_checked(checkpoint):
     num[1], num[0] = 0, MAX_VERIFY_TOKENS
     with pytest.raises(HostModelInputError, match=f"in \\[0, {MAX_VERIFY_TOKENS - 1}\\]"):
         model.propose_drafts(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, num_drafts=num)
+
+
+def test_the_drafter_costs_half_the_timed_models_layers_on_the_modelled_clock(checkpoint):
+    """Timed as Llama 3.1 8B (32 layers), the two-layer tiny model's one-layer drafter costs 16
+    of 8B's layers per pass, not one: a one-draft proposal takes about half a decode step."""
+    sleeps: list[float] = []
+    queue = CommandQueue(timed=True, clock=lambda: 0.0, sleep=sleeps.append)
+    mesh = HostMeshDevice(MeshShape(1, 1), options=HostDeviceOptions(device_time=parse_device_time(
+        "llama-3.1-8b@N150")), command_queue=queue)
+    model = HostLlamaForCausalLM.initialize_vllm_model(AutoConfig.from_pretrained(checkpoint), mesh, ROWS,
+                                                       WIDTH * BLOCK)
+    cfg = model.config
+    kv = model.allocate_kv_cache((40, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32, cfg.num_layers)
+    table, first = prefilled(model, kv, [[5, 6, 7]], ROWS, WIDTH)
+    tokens, start, num = _draft_inputs(first, [3], [1])
+    model.propose_drafts(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv, num_drafts=num)
+    draft_s = sleeps[-1]
+    model.decode_forward(tokens=tokens, start_pos=start, page_table=table, kv_cache=kv)
+    decode_s = sleeps[-1]
+    assert 0.4 < draft_s / decode_s < 0.65, (draft_s, decode_s)
+    queue.close()

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm_tt_platform.cost.device_time import ProgramCosts
 
 from vllm_tt_host.models.frame.inputs import check_decode, check_kv, layer_tables
 from vllm_tt_host.models.frame.readback import readback_nbytes
@@ -45,6 +46,12 @@ BLOCK_KWARG = "block_tokens"
 def draft_layers(num_layers: int) -> int:
     """How many of the model's layers its drafter runs: the first half (at least one)."""
     return max(1, num_layers // 2)
+
+
+def drafter_costs(costs: ProgramCosts) -> ProgramCosts:
+    """The drafter's programs on the modelled clock: the first ``draft_layers`` of the timed
+    model's layers (a named profile's, e.g. 40 of Llama 3.3 70B's 80, not the tiny checkpoint's)."""
+    return costs if costs.dims is None else costs.with_layers(draft_layers(costs.dims.num_layers))
 
 
 def block_forward(
@@ -71,7 +78,7 @@ def block_forward(
     costs = model.costs
     duration = 0.0
     if costs is not None:  # the drafter's passes, the verify, the read-back of the committed ids
-        drafter = costs.with_layers(layers)
+        drafter = drafter_costs(costs)
         duration = sum(model.lanes.decode_s(drafter, positions) for positions in drafting)
         duration += model.lanes.verify_s(costs, start, limits)
         duration += costs.readback_s(readback_nbytes(tokens.shape[0], model.config.vocab_size, sampled=True,
@@ -166,7 +173,7 @@ def propose_drafts(
     layers = draft_layers(model.config.num_layers)
     duration = 0.0
     if model.costs is not None:  # the drafter's passes, the read-back of the draft ids
-        drafter = model.costs.with_layers(layers)
+        drafter = drafter_costs(model.costs)
         duration = sum(model.lanes.decode_s(drafter, positions) for positions in drafting)
         duration += model.costs.readback_s(readback_nbytes(tokens.shape[0], model.config.vocab_size, sampled=True,
                                                            logprobs=False, positions=width))
