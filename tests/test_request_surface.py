@@ -44,7 +44,9 @@ def test_every_works_entry_names_a_test_that_exists(entry):
     assert defines_test(ROOT, entry.proof), entry.proof
 
 
-@pytest.mark.parametrize("entry", [e for e in REQUEST_SURFACE if e.support is Support.REFUSED],
-                         ids=lambda e: e.proof)
-def test_every_refused_entry_names_a_check_that_exists(entry):
-    assert defines_check(entry.proof), entry.proof
+def test_every_refused_entry_names_a_check_that_exists():
+    # One test over the class, not one per entry: no request field is refused today (the last,
+    # thinking_token_budget, is applied by the host sampler since), and an empty parameter set
+    # would be a skipped test.
+    refused = [e.proof for e in REQUEST_SURFACE if e.support is Support.REFUSED]
+    assert [proof for proof in refused if not defines_check(proof)] == []

@@ -92,6 +92,29 @@ def tiny_cross_encoder() -> Path:
                   CROSS_ENCODER_RECIPE)
 
 
+CLASSIFIER_RECIPE: dict[str, Any] = {**RECIPE, "labels": 3, "seed": 2}
+"""Three labels: a sequence classifier (``/classify``, vLLM's softmax over the labels)."""
+
+
+def tiny_classifier() -> Path:
+    """The cached tiny sequence classifier (``BertForSequenceClassification``, three labels)."""
+    return cached("tiny-bert-classifier",
+                  lambda out: _build(out, "BertForSequenceClassification", CLASSIFIER_RECIPE),
+                  CLASSIFIER_RECIPE)
+
+
+def hf_class_probs(folder: Path, texts: Sequence[str]) -> Any:
+    """transformers' label probabilities of ``texts``: softmax of the logits (float32 ``[n, labels]``)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    batch = tokenizer(list(texts), padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        return torch.softmax(model(**batch).logits, dim=-1)
+
+
 def hf_scores(folder: Path, query: str, documents: Sequence[str]) -> Any:
     """transformers' relevance scores of ``(query, document)`` pairs: sigmoid of the logit (float32 ``[n]``)."""
     import torch

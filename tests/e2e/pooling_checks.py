@@ -1,4 +1,4 @@
-"""What the embedding serve tests share: the parity bound and its check."""
+"""What the pooling serve tests share: the tiny BERT server's options, the parity bound and its check."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+TINY_BERT_ARGS = ("--runner", "pooling", "--max-model-len", "128", "--max-num-seqs", "8")
+"""``vllm serve`` options of the tiny BERT checkpoints (``vllm_tt_testing.tiny_bert``: 128
+positions) on the pooling runner."""
 
 COSINE = 0.99999
 """Issue #32's bound: each served vector against transformers'."""

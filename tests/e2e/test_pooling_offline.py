@@ -1,7 +1,9 @@
 """A pooling model through ``vllm.LLM(..., runner="pooling").embed()`` on the host mesh backend,
 with vLLM's pooler config asking for MEAN pooling (the serve test covers the model's default,
 CLS): vectors equal transformers' for 16 inputs of 4 to 126 tokens, alone and batched, with the
-default shapes (up to --max-model-len); a generation call is refused by name."""
+default shapes (up to --max-model-len); ``.score()`` (vLLM's bi-encoder score: the cosine of
+the two vectors) equals the cosine of transformers' vectors, in the same ranking; a generation
+call is refused by name."""
 
 from __future__ import annotations
 
@@ -53,6 +55,20 @@ def test_mean_is_not_cls(llm, checkpoint, texts):
     """The pooler config reached the runner: CLS vectors would not match."""
     cosines = _cosines(llm.embed(texts[5:6]), hf_embeddings(checkpoint, texts[5:6], pooling="CLS"))
     assert cosines[0] < 0.999
+
+
+SCORE_TOLERANCE = 1e-5
+"""The cosine of two unit vectors each within ``COSINE`` of transformers' (float32)."""
+
+
+def test_score_is_the_cosine_of_transformers_vectors(llm, checkpoint, texts):
+    want = hf_embeddings(checkpoint, texts, pooling="MEAN")
+    expected = want[1:] @ want[0]
+    got = torch.tensor([o.outputs.score for o in llm.score(texts[0], texts[1:])])
+    torch.testing.assert_close(got, expected, atol=SCORE_TOLERANCE, rtol=0)
+    gaps = expected.sort().values.diff()
+    assert gaps.min().item() > 2 * SCORE_TOLERANCE, expected.tolist()  # a ranking worth comparing
+    assert got.argsort().tolist() == expected.argsort().tolist()
 
 
 def test_generate_is_refused(llm):

@@ -15,7 +15,7 @@ import pytest
 from vllm_tt_testing.tiny_bert import hf_embeddings, inputs_of_lengths, tiny_bert
 
 from tests.e2e.helpers import serve
-from tests.e2e.pooling_checks import assert_close
+from tests.e2e.pooling_checks import TINY_BERT_ARGS, assert_close
 
 pytestmark = pytest.mark.e2e
 
@@ -41,8 +41,8 @@ def reference(checkpoint, texts):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("pooling-serve") / "serve.log"
-    with serve(checkpoint, "--runner", "pooling", "--served-model-name", "tiny-bert", "--max-model-len", "128",
-               "--max-num-seqs", "8", "--additional-config.tt.pooling_shapes", SHAPES, log=log) as url:
+    with serve(checkpoint, *TINY_BERT_ARGS, "--served-model-name", "tiny-bert",
+               "--additional-config.tt.pooling_shapes", SHAPES, log=log) as url:
         yield url, log
 
 

@@ -11,6 +11,7 @@ import torch
 from vllm_tt_testing.tiny_bert import hf_scores, inputs_of_lengths, tiny_cross_encoder
 
 from tests.e2e.helpers import serve
+from tests.e2e.pooling_checks import TINY_BERT_ARGS
 
 pytestmark = pytest.mark.e2e
 
@@ -38,8 +39,7 @@ def reference(checkpoint, documents):
 @pytest.fixture(scope="module")
 def url(checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("rerank-serve") / "serve.log"
-    with serve(checkpoint, "--runner", "pooling", "--served-model-name", "tiny-reranker", "--max-model-len", "128",
-               "--max-num-seqs", "8", log=log) as base:
+    with serve(checkpoint, *TINY_BERT_ARGS, "--served-model-name", "tiny-reranker", log=log) as base:
         yield base
 
 

@@ -12,6 +12,7 @@ import inspect
 
 import torch
 from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config.reasoning import ReasoningConfig
 from vllm.v1.sample.ops import logprobs as vllm_logprobs
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 from vllm.v1.sample.sampler import Sampler
@@ -59,8 +60,11 @@ def test_portable_sampler_uses_plain_torch_paths():
 
 def test_config_attributes_read_by_host_sampler_exist():
     # The unit tests pass a stand-in with only these attributes (see test_host_batch.py).
-    assert {"scheduler_config", "model_config", "speculative_config"} <= {
+    assert {"scheduler_config", "model_config", "speculative_config", "reasoning_config"} <= {
         f.name for f in dataclasses.fields(VllmConfig)
     }
+    # What vLLM's thinking-budget holder reads from the reasoning config (the tests' stand-in).
+    assert isinstance(ReasoningConfig.reasoning_start_token_ids, property)
+    assert isinstance(ReasoningConfig.reasoning_end_token_ids, property)
     assert {"logits_processors", "logprobs_mode"} <= {f.name for f in dataclasses.fields(ModelConfig)}
     assert "max_num_seqs" in {f.name for f in dataclasses.fields(SchedulerConfig)}

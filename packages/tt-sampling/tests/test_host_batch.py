@@ -1,4 +1,4 @@
-"""``HostSamplingBatch``: vLLM's sampler over fixed slots."""
+"""``HostSamplingBatch``: vLLM's sampler over fixed slots, with vLLM's thinking-token budget."""
 
 from __future__ import annotations
 
@@ -397,3 +397,77 @@ def test_slot_of():
     assert b.slot_of("abc") == 2
     with pytest.raises(KeyError):
         b.slot_of("nope")
+
+
+# --- thinking_token_budget: vLLM's budget state over slots ------------------------------------
+
+THINK, END = 60, 61
+WORD = 7
+
+
+def reasoning_batch(num_slots: int = 4) -> HostSamplingBatch:
+    config = make_vllm_config()
+    # The two properties vLLM's holder reads (``ReasoningConfig`` derives them from the parser).
+    config.reasoning_config = SimpleNamespace(reasoning_start_token_ids=[THINK], reasoning_end_token_ids=[END])
+    return HostSamplingBatch(num_slots, VOCAB, config)
+
+
+def run(b: HostSamplingBatch, outputs: dict[int, list[int]], steps: int, call: list[int], top: int = WORD) -> None:
+    """``steps`` calls sampling the slots of ``call`` (in that row order) from logits whose best
+    token is ``top``, appending each token to its slot's output as the runner does."""
+    for _ in range(steps):
+        got = tokens(b.sample(torch.stack([peaked(top)] * len(call)), call))
+        for slot, token in zip(call, got, strict=True):
+            outputs[slot].append(token)
+
+
+def test_budget_forces_the_end_token_after_n_think_tokens_of_a_prompt_in_think():
+    b = reasoning_batch()
+    outputs = {2: add(b, 2, SamplingParams(temperature=0.0, thinking_token_budget=3), prompt=(1, THINK))}
+    run(b, outputs, 6, [2])
+    assert outputs[2] == [WORD, WORD, WORD, END, WORD, WORD]
+
+
+def test_budget_zero_ends_the_think_section_at_once():
+    b = reasoning_batch()
+    outputs = {0: add(b, 0, SamplingParams(temperature=0.0, thinking_token_budget=0), prompt=(1, THINK))}
+    run(b, outputs, 3, [0])
+    assert outputs[0] == [END, WORD, WORD]
+
+
+def test_a_think_section_the_model_opens_is_counted_from_its_start_token():
+    b = reasoning_batch()
+    outputs = {1: add(b, 1, SamplingParams(temperature=0.0, thinking_token_budget=2), prompt=(1, 5))}
+    run(b, outputs, 1, [1], top=THINK)
+    run(b, outputs, 4, [1])
+    assert outputs[1] == [THINK, WORD, WORD, END, WORD]
+
+
+def test_rows_without_a_budget_and_slots_left_out_of_a_call_are_untouched():
+    b = reasoning_batch()
+    outputs = {
+        0: add(b, 0, SamplingParams(temperature=0.0), prompt=(1, THINK)),
+        3: add(b, 3, SamplingParams(temperature=0.0, thinking_token_budget=2), prompt=(1, THINK)),
+    }
+    run(b, outputs, 1, [3, 0])  # rows in another order than slots
+    run(b, outputs, 1, [0])  # slot 3 does not sample: its count must not move
+    run(b, outputs, 3, [3, 0])
+    assert outputs[0] == [WORD] * 5
+    assert outputs[3] == [WORD, WORD, END, WORD]
+
+
+def test_a_replaced_slot_starts_from_its_new_request():
+    b = reasoning_batch()
+    outputs = {1: add(b, 1, SamplingParams(temperature=0.0, thinking_token_budget=1), prompt=(1, THINK))}
+    run(b, outputs, 2, [1])
+    assert outputs[1] == [WORD, END]
+    b.remove_request(1)
+    outputs = {1: add(b, 1, SamplingParams(temperature=0.0), prompt=(1, THINK), req_id="next")}
+    run(b, outputs, 3, [1])
+    assert outputs[1] == [WORD] * 3
+
+
+def test_without_reasoning_config_there_is_no_budget_state():
+    b = HostSamplingBatch(2, VOCAB, make_vllm_config())
+    add(b, 0, SamplingParams(temperature=0.0), prompt=(1, THINK))
+    assert b.metadata([0]).thinking_budget_state_holder is None

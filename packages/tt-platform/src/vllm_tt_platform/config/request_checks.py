@@ -116,12 +116,6 @@ def check_request(params: Any, rules: RequestRules | None = None) -> None:
             "this server runs a generative model; serve a pooling model with --runner pooling "
             "for pooling requests (docs/pooling.md)",
         )
-    if params.thinking_token_budget is not None:
-        raise TTUnsupportedRequestError(
-            "thinking_token_budget is not supported by the TT backend: neither the device nor "
-            "the host sampler applies it. Remove thinking_token_budget from the request.",
-            parameter="thinking_token_budget", value=params.thinking_token_budget,
-        )
     if params.allowed_token_ids and params.structured_outputs is not None:
         # A grammar that allows none of the listed tokens leaves nothing to sample; vLLM then
         # ends the request with an internal error (HTTP 500) after the grammar rejects a token.

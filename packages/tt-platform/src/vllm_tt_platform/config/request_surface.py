@@ -14,7 +14,6 @@ _SAMPLING = "tests/e2e/test_sampling_serve.py::"
 _SEEDED = _SAMPLING + "test_seeded_request_is_the_same_alone_batched_fallen_back_and_on_the_host"
 _SERVE = "tests/e2e/test_serve.py::"
 _KNOBS = "tests/e2e/test_knobs_serve.py::"
-_CHECK = "vllm_tt_platform.config.request_checks:check_request"
 
 W, R, F, N, G = Support.WORKS, Support.REFUSED, Support.FRONT_END, Support.NOT_APPLICABLE, Support.GAP
 
@@ -41,8 +40,9 @@ REQUEST_SURFACE: tuple[Entry, ...] = (
     Entry(W, _KNOBS + "test_high_priority_requests_start_first_on_a_saturated_server", ("priority",)),
     Entry(W, _KNOBS + "test_generation_config_defaults_apply_to_requests_without_them",
           ("response_format",)),
-    # --- refused per request -----------------------------------------------------------------
-    Entry(R, _CHECK, ("thinking_token_budget",)),
+    Entry(W, "tests/e2e/test_reasoning_serve.py::"
+          "test_budget_ends_the_think_section_and_the_parser_splits_reasoning_from_content",
+          ("thinking_token_budget",)),
     # --- vLLM's front end: templating, tokenizing, detokenizing, output shaping ---------------
     Entry(F, "prompt and chat templating, tokenizing and truncation in vLLM's front end", (
         "add_generation_prompt", "add_special_tokens", "chat_template", "chat_template_kwargs",

@@ -67,6 +67,10 @@ SURFACE: tuple[Entry, ...] = (
     Entry(W, _KNOBS + "test_high_priority_requests_start_first_on_a_saturated_server", ("scheduling_policy",)),
     Entry(W, "tests/e2e/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
           ("kv_offloading_size", "kv_offloading_backend")),
+    # the parser splits reasoning from content; its reasoning config is what thinking_token_budget forces
+    Entry(W, "tests/e2e/test_reasoning_serve.py::"
+          "test_budget_ends_the_think_section_and_the_parser_splits_reasoning_from_content",
+          ("reasoning_parser", "reasoning_config")),
     # --- refused at startup ------------------------------------------------------------------
     Entry(R, _FEATURES, ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
                          "data_parallel_backend", "enable_sleep_mode",
@@ -103,7 +107,7 @@ SURFACE: tuple[Entry, ...] = (
         "trust_request_mm_kwargs", "default_chat_template_kwargs", "reasoning_effort_map",
         "enable_auto_tool_choice", "exclude_tools_when_tool_choice_none", "tool_call_parser",
         "tool_parser_plugin", "tool_strict_level", "tool_server", "cohere_is_reasoning_model", "cohere_format",
-        "anthropic_disabled_thinking_effort", "reasoning_parser", "reasoning_parser_plugin")),
+        "anthropic_disabled_thinking_effort", "reasoning_parser_plugin")),
     Entry(F, "checkpoint and tokenizer download and lookup on the host", (
         "tokenizer", "trust_remote_code", "hf_config_path", "revision", "code_revision", "tokenizer_revision",
         "config_format", "hf_token", "download_dir", "ignore_patterns", "use_tqdm_on_load",
@@ -151,7 +155,7 @@ SURFACE: tuple[Entry, ...] = (
         "prefix_caching_hash_algo", "prefix_cache_retention_interval", "prefix_match_unit",
         "kv_sharing_fast_prefill", "swa_bounded_replay", "language_model_only", "skip_mm_profiling",
         "spec_method", "spec_model", "spec_tokens", "kv_events_config", "ec_transfer_config",
-        "ec_manager_config", "engram_config", "reasoning_config", "aux_output_config", "profiler_config",
+        "ec_manager_config", "engram_config", "aux_output_config", "profiler_config",
         "watchdog_config", "weight_transfer_config", "diffusion_config", "per_request_spec_decode_metrics",
         "kv_cache_metrics", "kv_cache_metrics_sample", "enable_mfu_metrics", "safetensors_load_strategy",
         "safetensors_prefetch_num_threads", "safetensors_prefetch_block_size", "max_parallel_loading_workers",

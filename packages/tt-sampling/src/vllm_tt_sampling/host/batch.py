@@ -77,7 +77,8 @@ class HostSamplingBatch:
         )
         self._slots: list[SlotRequest | None] = [None] * num_slots
         self._slot_of: dict[str, int] = {}
-        self._processors = SlotLogitsProcessors(processors, num_slots, vocab_size)
+        self._processors = SlotLogitsProcessors(processors, num_slots, vocab_size,
+                                                getattr(vllm_config, "reasoning_config", None))
         self._version = 0
         self._cached: tuple[tuple[tuple[int, ...], int], SamplingMetadata] | None = None
 
@@ -185,7 +186,8 @@ class HostSamplingBatch:
         logitsprocs = self._processors.step(slots)
         key = (tuple(slots), self._version)
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, build_metadata(requests, self.vocab_size, logitsprocs))
+            self._cached = (key, build_metadata(requests, self.vocab_size, logitsprocs,
+                                                self._processors.thinking_budget))
         return self._cached[1]
 
     def _counter_uniforms(

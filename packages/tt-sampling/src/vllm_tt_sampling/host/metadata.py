@@ -7,15 +7,18 @@ from collections.abc import Sequence
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
 
 from vllm_tt_sampling.host.requests import SlotRequest
 
 
 def build_metadata(
-    requests: Sequence[SlotRequest], vocab_size: int, logitsprocs: LogitsProcessors
+    requests: Sequence[SlotRequest], vocab_size: int, logitsprocs: LogitsProcessors,
+    thinking_budget: ThinkingBudgetStateHolder | None = None,
 ) -> SamplingMetadata:
     """Row i of the call samples ``requests[i]``. Only the rows' own generators are passed, so
-    slots that do not sample in this call keep their random state."""
+    slots that do not sample in this call keep their random state. ``thinking_budget``: vLLM's
+    thinking-budget state over the slots (``thinking_budget.SlotThinkingBudget``), or None."""
     greedy = [r.greedy for r in requests]
     params = [r.params for r in requests]
     all_greedy = all(greedy)
@@ -52,6 +55,7 @@ def build_metadata(
         bad_words_token_ids={i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids},
         logitsprocs=logitsprocs,
         logprob_token_ids=token_ids or None,
+        thinking_budget_state_holder=thinking_budget,
     )
 
 

@@ -9,7 +9,8 @@ indices stay valid without moving requests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from vllm import SamplingParams
@@ -22,6 +23,8 @@ from vllm.v1.sample.logits_processor import (
     MinTokensLogitsProcessor,
 )
 from vllm.v1.sample.logits_processor.interface import AddedRequest
+
+from vllm_tt_sampling.host.thinking_budget import SlotThinkingBudget
 
 _BUILTIN = (MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor)
 _SAMPLING_EPS = 1e-5
@@ -40,20 +43,19 @@ class _SlotWidthGroup:
         self._members = members
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        rows = self._owner.rows
-        if rows is None:
-            for member in self._members:
-                logits = member.apply(logits)
-            return logits
-        wide = self._owner.scratch(logits)
-        wide.index_copy_(0, rows, logits)
+        return self._owner.on_slots(logits, self._apply_members)
+
+    def _apply_members(self, logits: torch.Tensor) -> torch.Tensor:
         for member in self._members:
-            wide = member.apply(wide)
-        return wide.index_select(0, rows)
+            logits = member.apply(logits)
+        return logits
 
 
 class SlotLogitsProcessors:
-    def __init__(self, processors: LogitsProcessors, num_slots: int, vocab_size: int) -> None:
+    def __init__(self, processors: LogitsProcessors, num_slots: int, vocab_size: int,
+                 reasoning_config: Any = None) -> None:
+        """``reasoning_config``: vLLM's (``VllmConfig.reasoning_config``); set, requests'
+        ``thinking_token_budget`` is applied (``thinking_budget``)."""
         self._processors = processors
         self._num_slots = num_slots
         self._vocab_size = vocab_size
@@ -67,6 +69,10 @@ class SlotLogitsProcessors:
         self._view = LogitsProcessors()
         self._view.argmax_invariant = self._groups(processors.argmax_invariant)
         self._view.non_argmax_invariant = self._groups(processors.non_argmax_invariant)
+        self.thinking_budget = None if reasoning_config is None else SlotThinkingBudget(
+            reasoning_config, num_slots, lambda: self.rows, self.on_slots)
+        """vLLM's thinking-budget state over the slots, for ``SamplingMetadata``; None when
+        reasoning is off (vLLM then refuses a budget when the request arrives)."""
 
     def _groups(self, members: list[LogitsProcessor]) -> list:
         return [_SlotWidthGroup(self, members)] if members else []
@@ -101,11 +107,22 @@ class SlotLogitsProcessors:
             self._removed = set()
         for processor in self._processors.all:
             processor.update_state(update)
-        if not (self._custom or self._users):
-            return LogitsProcessors()
+        if self.thinking_budget is not None and update is not None:
+            self.thinking_budget.sync_batch(update)
         identity = list(slots) == list(range(self._num_slots))
         self.rows = None if identity else torch.tensor(list(slots), dtype=torch.int64)
+        if not (self._custom or self._users):
+            return LogitsProcessors()
         return self._view
+
+    def on_slots(self, logits: torch.Tensor, apply: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``apply`` (an edit that indexes rows by slot) on the current call's rows: widened to
+        the slot-indexed scratch when the rows are not exactly slots 0..n-1."""
+        if self.rows is None:
+            return apply(logits)
+        wide = self.scratch(logits)
+        wide.index_copy_(0, self.rows, logits)
+        return apply(wide).index_select(0, self.rows)
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """Slot-indexed ``[num_slots, vocab]`` buffer, allocated once; rows of slots not in the
