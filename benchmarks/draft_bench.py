@@ -17,6 +17,11 @@ alpha)`` tokens. ``alpha = 0`` is "every draft misses". For n-gram the same repl
 every row K drafts (n-gram drafts cost no device time). "measured" rows keep the drafters' own
 drafts.
 
+The same sweep runs for ``method: custom_class`` (the model's own drafter, ``ModelDrafts``): the
+tiny target drafts with its first layer of two; its passes are costed as the first half of
+Llama 3.3 70B's layers (``block_output.drafter_costs``: 40 of 80 plus the head), so a draft
+costs about half a decode step and only high acceptance pays (the rows say how high).
+
 The same sweep runs for ``method: mtp`` on **DeepSeek V3 on TG** (``deepseek-v3@TG``: its
 37B active parameters as the cost model's dense equivalent), the tiny DeepSeek V3 with a
 trained MTP module (``cached_mtp``) doing the math; the MTP module's programs are costed as
@@ -94,10 +99,12 @@ class ScriptedAcceptance:
 def make_engine(model_dir: Path, method: str | None, k: int, drafter: Path | None, device_time: str) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm_tt_platform.config.startup_checks import MODEL_DRAFTS
 
     spec = {"ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1},
             "draft_model": {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k},
             "mtp": {"method": "mtp", "num_speculative_tokens": k},
+            "custom_class": {"method": "custom_class", "model": MODEL_DRAFTS, "num_speculative_tokens": k},
             None: None}[method]
     tt = {"mesh_backend": "host", "host_device_time": device_time, "sample_on_device_mode": "all"}
     return LLMEngine.from_engine_args(EngineArgs(
@@ -187,8 +194,8 @@ def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
     from vllm_tt_testing.checkpoints import cached_drafter, cached_mtp, cached_tiny
 
     workload = prompts("random", count) + prompts("repetitive", count)
-    cases, drafter_costs = sweep(cached_tiny("llama"), DEVICE_TIME, ("ngram", "draft_model"), ks, workload,
-                                 cached_drafter("llama"))
+    cases, drafter_costs = sweep(cached_tiny("llama"), DEVICE_TIME, ("ngram", "draft_model", "custom_class"), ks,
+                                 workload, cached_drafter("llama"))
     mtp_cases, _ = sweep(cached_mtp(), MTP_DEVICE_TIME, ("mtp",), ks, workload)
     cases += mtp_cases
     by = {(c["method"], c["k"], c["alpha"]): c["speedup"] for c in cases}
@@ -211,7 +218,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"Host: {result['host']}. Engine in-process, host mesh backend; target programs on the modelled "
         f"device clock `{DEVICE_TIME}`, drafter programs as `{DRAFTER_PROFILE}` on the same mesh "
         f"({result['drafter_costs']}); `mtp` rows: the tiny DeepSeek V3 with its MTP module on "
-        f"`{MTP_DEVICE_TIME}` (the module costed as one target layer + its head); tiny models' real math. {result['requests']} greedy requests (half "
+        f"`{MTP_DEVICE_TIME}` (the module costed as one target layer + its head); `custom_class` rows: the "
+        "tiny target's own first layer drafting, costed as the first 40 of 70B's 80 layers + head; "
+        f"tiny models' real math. {result['requests']} greedy requests (half "
         f"random prompts, half repetitive), one at a time, {NEW_TOKENS} new tokens each, device sampling on. "
         "alpha: per-position acceptance forced by replacing drafts after the drafter ran (see the script); "
         "'measured': the drafter's own drafts. acceptance = vLLM's accepted / proposed drafts. tokens/s, "
