@@ -5,7 +5,7 @@ prompts of text runs with images between them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -42,13 +42,20 @@ Row = tuple[int, list[int], int, int, Sequence[int | None]]
 its grid sent without pixels."""
 
 
+LayerSpecs = Callable[[Any], list[Any]]
+"""``model -> per-layer KV specs`` for ``allocate_kv_cache_per_layer`` (a hybrid-KV text side),
+``NUM_BLOCKS`` blocks of ``BLOCK`` tokens each."""
+
+
 class MropeRunner:
-    def __init__(self, model: Any, grids: tuple[tuple[int, int, int], ...]) -> None:
+    def __init__(self, model: Any, grids: tuple[tuple[int, int, int], ...], layer_specs: LayerSpecs | None = None,
+                 ) -> None:
         cfg = model.config
         self.model = model
         self.grids = grids
-        self.kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
-                                          cfg.num_layers)
+        self.kv = (model.allocate_kv_cache_per_layer(layer_specs(model)) if layer_specs is not None else
+                   model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
+                                           cfg.num_layers))
         self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
 
     def prefill(self, rows: list[Row], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,9 +95,13 @@ class MropeCase:
     TWO: ClassVar[tuple[int, list[int], list[int]]] = (6, [3, 5, 4], [8, 9])
 
     def __init__(self, hf: Any, model: Any, grids: tuple[tuple[int, int, int], ...], tokens: tuple[int, int, int],
-                 tol: float = 1e-4) -> None:
-        self.hf, self.model, self.grids, self.tol = hf, model, grids, tol
+                 tol: float = 1e-4, layer_specs: LayerSpecs | None = None) -> None:
+        self.hf, self.model, self.grids, self.tol, self.layer_specs = hf, model, grids, tol, layer_specs
         self.start, self.image, self.end = tokens
+
+    def runner(self) -> MropeRunner:
+        """A runner over fresh KV for this case's model."""
+        return MropeRunner(self.model, self.grids, self.layer_specs)
 
     def prompt(self, seed: int, lengths: list[int]) -> list[int]:
         return vl_prompt(seed, lengths, self.grids, self.start, self.image, self.end)
@@ -116,7 +127,7 @@ class MropeCase:
     def check_prefill_then_decode(self) -> list[int]:
         """Three rows prefilled together, then one decode step with the returned deltas (HF sees
         the token appended); returns the deltas."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         rows = [(self.prompt(seed, lengths), seeds) for seed, lengths, seeds in (self.TEXT, self.ONE, self.TWO)]
         logits, deltas = runner.prefill([(slot, ids, 0, len(ids), seeds) for slot, (ids, seeds) in enumerate(rows)])
         refs = [self.hf_logits(ids, seeds) for ids, seeds in rows]
@@ -137,7 +148,7 @@ class MropeCase:
 
     def check_chunk_after_image(self) -> int:
         """A chunk ending after the first image, then one computing the second; returns the delta."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         ids, cut = self.two_image_prompt()
         seeds = self.TWO[2]
         first, _ = runner.prefill([(3, ids[:cut], 0, cut, seeds)])
@@ -151,7 +162,7 @@ class MropeCase:
         """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
         passes from inside the text between the images and from past both equal HF; returns the
         delta (the same for every pass)."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         ids, past_first = self.two_image_prompt()
         seeds = self.TWO[2]
         ref = self.hf_logits(ids, seeds)[-1]
