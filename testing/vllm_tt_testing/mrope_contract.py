@@ -6,6 +6,7 @@ prompts of text runs with images between them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -14,6 +15,22 @@ BLOCK = 16
 NUM_BLOCKS = 64
 PATCH_WIDTH = 96
 """Values per patch of the tiny towers: 3 channels x 2 frames x 4 x 4 pixels."""
+
+
+def random_vl_checkpoint(model_class: Any, config: Any, folder: Path) -> Path:
+    """A seeded random Qwen-VL ``model_class(config)`` saved into ``folder``, its matrices scaled
+    up from the 0.02 init (x4 text side, x8 tower) and a learned position table at unit scale,
+    so that a wrong position or feature moves the logits well past the tolerance."""
+    torch.manual_seed(0)
+    hf = model_class(config)
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if "pos_embed" in name:
+                weight.normal_(0, 1.0)
+            elif weight.dim() == 2:
+                weight.mul_(4.0 if "language_model" in name else 8.0)
+    hf.save_pretrained(folder)
+    return folder
 
 
 def pixels_u8(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:

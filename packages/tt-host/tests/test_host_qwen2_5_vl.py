@@ -29,7 +29,7 @@ from vllm_tt_host.models.qwen2_5_vl.model import (
 from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8, vl_prompt
+from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8, random_vl_checkpoint, vl_prompt
 
 VIDEO, START, END, IMAGE = 296, 297, 298, 299
 GRIDS = ((1, 8, 8), (1, 4, 6))
@@ -50,15 +50,7 @@ def tiny_config() -> Qwen2_5_VLConfig:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = Qwen2_5_VLForConditionalGeneration(tiny_config())
-    with torch.no_grad():
-        for name, weight in hf.named_parameters():
-            if weight.dim() == 2:
-                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
-    folder = tmp_path_factory.mktemp("tiny-qwen2_5_vl")
-    hf.save_pretrained(folder)
-    return folder
+    return random_vl_checkpoint(Qwen2_5_VLForConditionalGeneration, tiny_config(), tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
 
 
 @pytest.fixture(scope="module")

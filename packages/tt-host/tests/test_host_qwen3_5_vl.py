@@ -23,7 +23,7 @@ from vllm_tt_host.models.qwen3_5_vl.model import HostQwen3_5ForConditionalGenera
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import BLOCK, NUM_BLOCKS, MropeCase, pixels_u8
+from vllm_tt_testing.mrope_contract import BLOCK, NUM_BLOCKS, MropeCase, pixels_u8, random_vl_checkpoint
 
 VIDEO, START, END, IMAGE = 296, 297, 298, 299
 GRIDS = ((1, 8, 8), (1, 4, 6))
@@ -48,17 +48,7 @@ def tiny_config() -> Qwen3_5Config:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = Qwen3_5ForConditionalGeneration(tiny_config())
-    with torch.no_grad():
-        for name, weight in hf.named_parameters():
-            if "pos_embed" in name:
-                weight.normal_(0, 1.0)
-            elif weight.dim() == 2:
-                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
-    folder = tmp_path_factory.mktemp("tiny-qwen3_5_vl")
-    hf.save_pretrained(folder)
-    return folder
+    return random_vl_checkpoint(Qwen3_5ForConditionalGeneration, tiny_config(), tmp_path_factory.mktemp("tiny-qwen3_5_vl"))
 
 
 @pytest.fixture(scope="module")

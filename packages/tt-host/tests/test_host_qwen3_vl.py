@@ -23,7 +23,7 @@ from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8
+from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8, random_vl_checkpoint
 
 VIDEO, START, END, IMAGE = 296, 297, 298, 299
 GRIDS = ((1, 8, 8), (1, 4, 6))
@@ -46,17 +46,7 @@ def tiny_config() -> Qwen3VLConfig:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = Qwen3VLForConditionalGeneration(tiny_config())
-    with torch.no_grad():
-        for name, weight in hf.named_parameters():
-            if weight.dim() == 2 and "pos_embed" not in name:
-                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
-            elif "pos_embed" in name:
-                weight.normal_(0, 1.0)
-    folder = tmp_path_factory.mktemp("tiny-qwen3_vl")
-    hf.save_pretrained(folder)
-    return folder
+    return random_vl_checkpoint(Qwen3VLForConditionalGeneration, tiny_config(), tmp_path_factory.mktemp("tiny-qwen3_vl"))
 
 
 @pytest.fixture(scope="module")
