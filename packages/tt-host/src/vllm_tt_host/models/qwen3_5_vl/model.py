@@ -60,9 +60,10 @@ class Qwen3_5VLDecoder(Qwen3VLDecoder, Qwen3_5Decoder):
 
 @vllm_multimodal_processing(VllmQwen3_5VL)
 class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalLM):
-    """Qwen 3.5 with images: prefill rows carry ``pixel_values`` + ``image_grid_thw`` and return
-    ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users`` (the Qwen-VL contract); the
-    KV spec and cache are Qwen 3.5's."""
+    """Qwen 3.5 vision-language (``Qwen3_5ForConditionalGeneration``, images), float32: Qwen3-VL's
+    tower on the Qwen 3.5 hybrid decoder (a recurrent-state block per request for each delta-net
+    layer, paged KV for the attention layers); prefill rows carry ``pixel_values`` +
+    ``image_grid_thw`` and return ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
 
     family: ClassVar[str] = "qwen3_5"
     model_capabilities: ClassVar[dict[str, Any]] = {
