@@ -9,10 +9,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 import torch
 
 BLOCK = 16
 NUM_BLOCKS = 64
+VIDEO, START, END, IMAGE = 296, 297, 298, 299
+"""The special tokens of the tiny random Qwen-VL checkpoints (vocabulary of 300)."""
+GRIDS = ((1, 8, 8), (1, 4, 6))
+"""Their two image grids: 16 and 6 image tokens (in Qwen2.5-VL's tower 4 and 2 attention windows of 2x2 merge units)."""
 PATCH_WIDTH = 96
 """Values per patch of the tiny towers: 3 channels x 2 frames x 4 x 4 pixels."""
 
@@ -31,6 +36,33 @@ def random_vl_checkpoint(model_class: Any, config: Any, folder: Path) -> Path:
                 weight.mul_(4.0 if "language_model" in name else 8.0)
     hf.save_pretrained(folder)
     return folder
+
+
+def random_vl_fixtures(hf_class: Any, host_class: Any, config: Callable[[], Any], name: str,
+                       ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:
+    """The module fixtures of a Qwen-VL host test, for ``checkpoint, hf, model = ...`` at module
+    level: ``random_vl_checkpoint`` of ``hf_class(config())`` in a folder named ``name``,
+    transformers' model of it (float32, eval) and ``host_class`` built from it on a 1x1 host
+    mesh (4 rows of 512 positions)."""
+
+    @pytest.fixture(scope="module", name="checkpoint")
+    def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return random_vl_checkpoint(hf_class, config(), tmp_path_factory.mktemp(name))
+
+    @pytest.fixture(scope="module", name="hf")
+    def hf(checkpoint: Path) -> Any:
+        return hf_class.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+    @pytest.fixture(scope="module", name="model")
+    def model(checkpoint: Path) -> Any:
+        from transformers import AutoConfig
+        from vllm_tt_host.device import HostMeshDevice
+        from vllm_tt_platform.mesh.shape import MeshShape
+
+        return host_class.initialize_vllm_model(AutoConfig.from_pretrained(checkpoint), HostMeshDevice(MeshShape(1, 1)),
+                                                4, 512)
+
+    return checkpoint, hf, model
 
 
 def pixels_u8(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:

@@ -15,19 +15,25 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, Qwen3_5Config, Qwen3_5ForConditionalGeneration
-from vllm_tt_host.device import HostMeshDevice
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from vllm_tt_host.models import HOST_CAPABILITIES, HOST_MODELS
 from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.qwen3_5_vl.model import HostQwen3_5ForConditionalGeneration, Qwen3_5VLConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
-from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import BLOCK, NUM_BLOCKS, MropeCase, pixels_u8, random_vl_checkpoint
+from vllm_tt_testing.mrope_contract import (
+    BLOCK,
+    END,
+    GRIDS,
+    IMAGE,
+    NUM_BLOCKS,
+    START,
+    VIDEO,
+    MropeCase,
+    pixels_u8,
+    random_vl_fixtures,
+)
 
-VIDEO, START, END, IMAGE = 296, 297, 298, 299
-GRIDS = ((1, 8, 8), (1, 4, 6))
-"""16 and 6 image tokens."""
 TOL = 1e-4
 
 
@@ -46,20 +52,8 @@ def tiny_config() -> Qwen3_5Config:
     )
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return random_vl_checkpoint(Qwen3_5ForConditionalGeneration, tiny_config(), tmp_path_factory.mktemp("tiny-qwen3_5_vl"))
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoint):
-    return Qwen3_5ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    config = AutoConfig.from_pretrained(checkpoint)
-    return HostQwen3_5ForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 512)
+checkpoint, hf, model = random_vl_fixtures(
+    Qwen3_5ForConditionalGeneration, HostQwen3_5ForConditionalGeneration, tiny_config, "tiny-qwen3_5_vl")
 
 
 def layer_specs(model: Any) -> list[Any]:

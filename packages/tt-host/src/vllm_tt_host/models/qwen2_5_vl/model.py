@@ -220,7 +220,8 @@ class QwenVLDecoder(HostDecoder):
         reader = WeightFolder(folder)
         text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
         vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
-        return cls.with_text(folder, config, text, cls.load_tower(reader, vision, config, PixelNorm.of_checkpoint(folder)))
+        tower = cls.load_tower(reader, vision, config, PixelNorm.of_checkpoint(folder))
+        return cls.with_text(folder, config, text, tower)
 
     @classmethod
     def with_text(cls, folder: Path, config: Any, text_prefix: str, tower: Any) -> HostDecoder:
