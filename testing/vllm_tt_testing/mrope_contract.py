@@ -5,15 +5,64 @@ prompts of text runs with images between them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 import torch
 
 BLOCK = 16
 NUM_BLOCKS = 64
+VIDEO, START, END, IMAGE = 296, 297, 298, 299
+"""The special tokens of the tiny random Qwen-VL checkpoints (vocabulary of 300)."""
+GRIDS = ((1, 8, 8), (1, 4, 6))
+"""Their two image grids: 16 and 6 image tokens (in Qwen2.5-VL's tower 4 and 2 attention windows of 2x2 merge units)."""
 PATCH_WIDTH = 96
 """Values per patch of the tiny towers: 3 channels x 2 frames x 4 x 4 pixels."""
+
+
+def random_vl_checkpoint(model_class: Any, config: Any, folder: Path) -> Path:
+    """A seeded random Qwen-VL ``model_class(config)`` saved into ``folder``, its matrices scaled
+    up from the 0.02 init (x4 text side, x8 tower) and a learned position table at unit scale,
+    so that a wrong position or feature moves the logits well past the tolerance."""
+    torch.manual_seed(0)
+    hf = model_class(config)
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if "pos_embed" in name:
+                weight.normal_(0, 1.0)
+            elif weight.dim() == 2:
+                weight.mul_(4.0 if "language_model" in name else 8.0)
+    hf.save_pretrained(folder)
+    return folder
+
+
+def random_vl_fixtures(hf_class: Any, host_class: Any, config: Callable[[], Any], name: str,
+                       ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:
+    """The module fixtures of a Qwen-VL host test, for ``checkpoint, hf, model = ...`` at module
+    level: ``random_vl_checkpoint`` of ``hf_class(config())`` in a folder named ``name``,
+    transformers' model of it (float32, eval) and ``host_class`` built from it on a 1x1 host
+    mesh (4 rows of 512 positions)."""
+
+    @pytest.fixture(scope="module", name="checkpoint")
+    def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return random_vl_checkpoint(hf_class, config(), tmp_path_factory.mktemp(name))
+
+    @pytest.fixture(scope="module", name="hf")
+    def hf(checkpoint: Path) -> Any:
+        return hf_class.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+    @pytest.fixture(scope="module", name="model")
+    def model(checkpoint: Path) -> Any:
+        from transformers import AutoConfig
+        from vllm_tt_host.device import HostMeshDevice
+        from vllm_tt_platform.mesh.shape import MeshShape
+
+        return host_class.initialize_vllm_model(AutoConfig.from_pretrained(checkpoint), HostMeshDevice(MeshShape(1, 1)),
+                                                4, 512)
+
+    return checkpoint, hf, model
 
 
 def pixels_u8(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
@@ -42,13 +91,20 @@ Row = tuple[int, list[int], int, int, Sequence[int | None]]
 its grid sent without pixels."""
 
 
+LayerSpecs = Callable[[Any], list[Any]]
+"""``model -> per-layer KV specs`` for ``allocate_kv_cache_per_layer`` (a hybrid-KV text side),
+``NUM_BLOCKS`` blocks of ``BLOCK`` tokens each."""
+
+
 class MropeRunner:
-    def __init__(self, model: Any, grids: tuple[tuple[int, int, int], ...]) -> None:
+    def __init__(self, model: Any, grids: tuple[tuple[int, int, int], ...], layer_specs: LayerSpecs | None = None,
+                 ) -> None:
         cfg = model.config
         self.model = model
         self.grids = grids
-        self.kv = model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
-                                          cfg.num_layers)
+        self.kv = (model.allocate_kv_cache_per_layer(layer_specs(model)) if layer_specs is not None else
+                   model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
+                                           cfg.num_layers))
         self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
 
     def prefill(self, rows: list[Row], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,9 +144,13 @@ class MropeCase:
     TWO: ClassVar[tuple[int, list[int], list[int]]] = (6, [3, 5, 4], [8, 9])
 
     def __init__(self, hf: Any, model: Any, grids: tuple[tuple[int, int, int], ...], tokens: tuple[int, int, int],
-                 tol: float = 1e-4) -> None:
-        self.hf, self.model, self.grids, self.tol = hf, model, grids, tol
+                 tol: float = 1e-4, layer_specs: LayerSpecs | None = None) -> None:
+        self.hf, self.model, self.grids, self.tol, self.layer_specs = hf, model, grids, tol, layer_specs
         self.start, self.image, self.end = tokens
+
+    def runner(self) -> MropeRunner:
+        """A runner over fresh KV for this case's model."""
+        return MropeRunner(self.model, self.grids, self.layer_specs)
 
     def prompt(self, seed: int, lengths: list[int]) -> list[int]:
         return vl_prompt(seed, lengths, self.grids, self.start, self.image, self.end)
@@ -116,7 +176,7 @@ class MropeCase:
     def check_prefill_then_decode(self) -> list[int]:
         """Three rows prefilled together, then one decode step with the returned deltas (HF sees
         the token appended); returns the deltas."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         rows = [(self.prompt(seed, lengths), seeds) for seed, lengths, seeds in (self.TEXT, self.ONE, self.TWO)]
         logits, deltas = runner.prefill([(slot, ids, 0, len(ids), seeds) for slot, (ids, seeds) in enumerate(rows)])
         refs = [self.hf_logits(ids, seeds) for ids, seeds in rows]
@@ -137,7 +197,7 @@ class MropeCase:
 
     def check_chunk_after_image(self) -> int:
         """A chunk ending after the first image, then one computing the second; returns the delta."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         ids, cut = self.two_image_prompt()
         seeds = self.TWO[2]
         first, _ = runner.prefill([(3, ids[:cut], 0, cut, seeds)])
@@ -151,7 +211,7 @@ class MropeCase:
         """vLLM keeps only ``image_grid_thw`` of an image inside the prefix-cache hit (no pixels):
         passes from inside the text between the images and from past both equal HF; returns the
         delta (the same for every pass)."""
-        runner = MropeRunner(self.model, self.grids)
+        runner = self.runner()
         ids, past_first = self.two_image_prompt()
         seeds = self.TWO[2]
         ref = self.hf_logits(ids, seeds)[-1]

@@ -123,6 +123,13 @@ def chat_body(model: str, parts: list[dict[str, Any]], max_tokens: int, question
             "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 
 
+def post_chat(url: str, model: str, parts: list[dict[str, Any]], max_tokens: int, question: str = QUESTION) -> Any:
+    """POST ``chat_body`` to the server at ``url``; the ``httpx`` response."""
+    import httpx
+
+    return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, max_tokens, question), timeout=300)
+
+
 def image_parts(kinds: tuple[int, ...], salt: int, size: tuple[int, int] = (32, 32)) -> list[dict[str, Any]]:
     return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt, size)]
 

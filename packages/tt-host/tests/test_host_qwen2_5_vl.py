@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import PixelNorm
@@ -28,12 +27,18 @@ from vllm_tt_host.models.qwen2_5_vl.model import (
 )
 from vllm_tt_host.models.qwen2_5_vl.vision import VisionTower
 from vllm_tt_models_registry.contract import check_model_class
-from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8, vl_prompt
-
-VIDEO, START, END, IMAGE = 296, 297, 298, 299
-GRIDS = ((1, 8, 8), (1, 4, 6))
-"""16 and 6 image tokens; 4 and 2 attention windows of 2x2 merge units."""
+from vllm_tt_testing.mrope_contract import (
+    END,
+    GRIDS,
+    IMAGE,
+    START,
+    VIDEO,
+    MropeCase,
+    MropeRunner,
+    pixels_u8,
+    random_vl_fixtures,
+    vl_prompt,
+)
 
 
 def tiny_config() -> Qwen2_5_VLConfig:
@@ -48,28 +53,8 @@ def tiny_config() -> Qwen2_5_VLConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = Qwen2_5_VLForConditionalGeneration(tiny_config())
-    with torch.no_grad():
-        for name, weight in hf.named_parameters():
-            if weight.dim() == 2:
-                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
-    folder = tmp_path_factory.mktemp("tiny-qwen2_5_vl")
-    hf.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoint):
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    config = AutoConfig.from_pretrained(checkpoint)
-    return HostQwen2_5_VLForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 512)
+checkpoint, hf, model = random_vl_fixtures(
+    Qwen2_5_VLForConditionalGeneration, HostQwen2_5_VLForConditionalGeneration, tiny_config, "tiny-qwen2_5_vl")
 
 
 def normalised(pixels: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
-from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
@@ -22,12 +21,18 @@ from vllm_tt_host.models.qwen3_vl.model import HostQwen3VLForConditionalGenerati
 from vllm_tt_host.models.qwen3_vl.model import Qwen3VLConfig as HostConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
-from vllm_tt_platform.mesh.shape import MeshShape
-from vllm_tt_testing.mrope_contract import MropeCase, MropeRunner, pixels_u8
+from vllm_tt_testing.mrope_contract import (
+    END,
+    GRIDS,
+    IMAGE,
+    START,
+    VIDEO,
+    MropeCase,
+    MropeRunner,
+    pixels_u8,
+    random_vl_fixtures,
+)
 
-VIDEO, START, END, IMAGE = 296, 297, 298, 299
-GRIDS = ((1, 8, 8), (1, 4, 6))
-"""16 and 6 image tokens."""
 TOL = 1e-4
 
 
@@ -44,30 +49,8 @@ def tiny_config() -> Qwen3VLConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = Qwen3VLForConditionalGeneration(tiny_config())
-    with torch.no_grad():
-        for name, weight in hf.named_parameters():
-            if weight.dim() == 2 and "pos_embed" not in name:
-                weight.mul_(4.0 if "language_model" in name else 8.0)  # sharper than the 0.02 init
-            elif "pos_embed" in name:
-                weight.normal_(0, 1.0)
-    folder = tmp_path_factory.mktemp("tiny-qwen3_vl")
-    hf.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoint):
-    return Qwen3VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    config = AutoConfig.from_pretrained(checkpoint)
-    return HostQwen3VLForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4, 512)
+checkpoint, hf, model = random_vl_fixtures(
+    Qwen3VLForConditionalGeneration, HostQwen3VLForConditionalGeneration, tiny_config, "tiny-qwen3_vl")
 
 
 def normalised(pixels: torch.Tensor) -> torch.Tensor:

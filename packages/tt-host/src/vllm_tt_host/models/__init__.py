@@ -22,6 +22,7 @@ from vllm_tt_host.models import (
     mllama,
     qwen2_5_vl,
     qwen3_5,
+    qwen3_5_vl,
     qwen3_vl,
 )
 from vllm_tt_host.models.frame.family import HostFamily, host_models, host_source
@@ -37,6 +38,7 @@ FAMILIES: tuple[HostFamily, ...] = (
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,
     qwen3_5.FAMILY,
+    qwen3_5_vl.FAMILY,
     bert.FAMILY,
 )
 """The host families, in the order the registry and the docs list them."""

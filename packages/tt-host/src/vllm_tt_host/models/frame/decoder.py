@@ -60,6 +60,20 @@ class PrefillInserts:
     first ``len(layer_adds)`` layers. Prefill only: decode tokens are never image tokens."""
 
 
+def insert_embeddings(x: torch.Tensor, inserts: PrefillInserts | None) -> torch.Tensor:
+    """The row's embeddings ``x`` with the inserted vectors in place (in place; returns ``x``)."""
+    if inserts is not None:
+        x[inserts.index] = inserts.vectors.to(x.dtype)
+    return x
+
+
+def add_after_layer(x: torch.Tensor, inserts: PrefillInserts | None, layer: int) -> torch.Tensor:
+    """The hidden states leaving ``layer`` plus what the inserts add there (DeepStack)."""
+    if inserts is not None and layer < len(inserts.layer_adds):
+        x[inserts.index] += inserts.layer_adds[layer].to(x.dtype)
+    return x
+
+
 @dataclass(frozen=True)
 class PrefillPass:
     """One prefill row's pass as every layer reads it."""
@@ -153,9 +167,7 @@ class HostDecoder:
         positions = start + torch.arange(bucket)
         ids = F.pad(new_tokens.long(), (0, bucket - n))
         size = paged_kv.block_size(lane_kv)
-        x = self._embed(ids)
-        if inserts is not None:
-            x[inserts.index] = inserts.vectors.to(x.dtype)
+        x = insert_embeddings(self._embed(ids), inserts)
         per_layer = self._per_layer_inputs(ids, x)
         row = PrefillPass(
             start=start, n=n, positions=positions,
@@ -165,9 +177,8 @@ class HostDecoder:
         )
         for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
             layer_input = None if per_layer is None else per_layer[:, index]
-            x = self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input)
-            if inserts is not None and index < len(inserts.layer_adds):
-                x[inserts.index] += inserts.layer_adds[index].to(x.dtype)
+            x = add_after_layer(self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input),
+                                inserts, index)
         return x
 
     def _prefill_layer(self, index: int, layer: LayerWeights, x: torch.Tensor, layer_kv: list[torch.Tensor],

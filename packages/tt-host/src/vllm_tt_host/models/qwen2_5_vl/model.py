@@ -83,28 +83,28 @@ class QwenVLConfig(DecoderConfig):
 
     @classmethod
     def read(cls, hf_config: Any, family: str = "qwen2", *, n_layers: int | None = None) -> Self:
+        base = DecoderConfig.read(text_and_vision(hf_config)[0], family, n_layers=n_layers)
+        return cls(**(config_fields(base) | cls.vl_fields(hf_config, base.head_dim // 2)))
+
+    @classmethod
+    def vl_fields(cls, hf_config: Any, rotary_pairs: int) -> dict[str, Any]:
+        """What a Qwen-VL checkpoint adds to its text decoder's config, read from the whole
+        ``hf_config``; its mRoPE sections must share out the ``rotary_pairs`` rotated pairs."""
         model = model_name(hf_config)
-        text = getattr(hf_config, "text_config", None)
-        vision = getattr(hf_config, "vision_config", None)
-        if text is None or vision is None:
-            raise TTConfigError(f"{model}: text_config/vision_config", None, "both present",
-                                "serve a Qwen-VL checkpoint saved by transformers")
-        base = DecoderConfig.read(text, family, n_layers=n_layers)
+        text, vision = text_and_vision(hf_config)
         section = tuple(int(s) for s in (getattr(text, "rope_parameters", None) or {}).get("mrope_section") or ())
-        if len(section) != 3 or sum(section) != base.head_dim // 2:
+        if len(section) != 3 or sum(section) != rotary_pairs:
             raise TTConfigError(f"{model}: rope_parameters.mrope_section", list(section),
-                                f"three pair counts summing to head_dim / 2 = {base.head_dim // 2}",
+                                f"three pair counts summing to the {rotary_pairs} rotated pairs of a head",
                                 "check the checkpoint's config.json")
         image_token = getattr(hf_config, "image_token_id", None)
         if not isinstance(image_token, int) or image_token < 0:
             raise TTConfigError(f"{model}: image_token_id", image_token, "a token id", "check config.json")
         video_token = getattr(hf_config, "video_token_id", None)
-        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-        fields["tie_word_embeddings"] = tied
-        return cls(**fields, mrope_section=section, vision=cls.vision_type.from_hf(vision), image_token_id=image_token,
-                   video_token_id=video_token if isinstance(video_token, int) else -1,
-                   tokens_per_second=float(getattr(vision, "tokens_per_second", None) or 1.0))
+        return {"tie_word_embeddings": bool(getattr(hf_config, "tie_word_embeddings", False)),
+                "mrope_section": section, "vision": cls.vision_type.from_hf(vision), "image_token_id": image_token,
+                "video_token_id": video_token if isinstance(video_token, int) else -1,
+                "tokens_per_second": float(getattr(vision, "tokens_per_second", None) or 1.0)}
 
     def mrope_axes(self) -> torch.Tensor:
         """``[head_dim / 2]``: which index (0 t, 1 h, 2 w) turns each rotated pair."""
@@ -117,6 +117,21 @@ class QwenVLConfig(DecoderConfig):
         return axes
 
 
+def text_and_vision(hf_config: Any) -> tuple[Any, Any]:
+    """A Qwen-VL checkpoint's ``text_config`` and ``vision_config``, both required."""
+    text = getattr(hf_config, "text_config", None)
+    vision = getattr(hf_config, "vision_config", None)
+    if text is None or vision is None:
+        raise TTConfigError(f"{model_name(hf_config)}: text_config/vision_config", None, "both present",
+                            "serve a Qwen-VL checkpoint saved by transformers")
+    return text, vision
+
+
+def config_fields(config: DecoderConfig) -> dict[str, Any]:
+    """Every field of ``config``, for a config class that extends it."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
 @dataclass(frozen=True)
 class Qwen25VLConfig(QwenVLConfig):
     vision: VisionConfig = field(kw_only=True)
@@ -127,8 +142,9 @@ class MultimodalRotary:
     """mRoPE for every layer of one decoder; the positions of the call in progress are set
     around it (``at`` for a prefill row, ``shifted`` for a decode batch)."""
 
-    def __init__(self, config: QwenVLConfig) -> None:
-        self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
+    def __init__(self, config: QwenVLConfig, rotary_dim: int | None = None) -> None:
+        """``rotary_dim``: the leading dimensions of each head that turn (the whole head by default)."""
+        self.inv_freq = inverse_frequencies(config.rope, rotary_dim or config.head_dim)
         self.axes = config.mrope_axes()
         self._positions: torch.Tensor | None = None
         self._deltas: torch.Tensor | None = None
@@ -183,12 +199,19 @@ class QwenVLDecoder(HostDecoder):
     an image gives the decoder (``encode``)."""
 
     config: QwenVLConfig
+    pads_prefill: ClassVar[bool] = True
+    """Whether a prefill row computes its whole bucket (the mRoPE indices padded to it) or its
+    real tokens only (a text side over a recurrent state, which padding would advance)."""
 
     def __init__(self, config: QwenVLConfig, weights: DecoderWeights, tower: Any) -> None:
         super().__init__(config, weights)
+        self.attach_vision(tower)
+
+    def attach_vision(self, tower: Any, rotary_dim: int | None = None) -> None:
+        """The tower, and mRoPE (over ``rotary_dim`` of each head) on every layer."""
         self.tower = tower
-        self.mrope = MultimodalRotary(config)
-        self.rotaries = (self.mrope,) * config.num_layers  # type: ignore[assignment]
+        self.mrope = MultimodalRotary(self.config, rotary_dim)
+        self.rotaries = (self.mrope,) * self.config.num_layers  # type: ignore[assignment]
         self.slot_deltas = torch.zeros(0, dtype=torch.long)
         """Each decode slot's mRoPE delta (set by the model: its prefills, ``rope_deltas_all_users``)."""
 
@@ -198,7 +221,13 @@ class QwenVLDecoder(HostDecoder):
         text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
         vision = reader.prefix(VISION_PREFIXES, "patch_embed.proj.weight", "vision tower")
         tower = cls.load_tower(reader, vision, config, PixelNorm.of_checkpoint(folder))
-        return cls(config, load_decoder_weights(folder, config, text), tower)
+        return cls.with_text(folder, config, text, tower)
+
+    @classmethod
+    def with_text(cls, folder: Path, config: Any, text_prefix: str, tower: Any) -> HostDecoder:
+        """This decoder from the text weights under ``text_prefix`` and ``tower``; a family
+        whose text side is not the frame's decoder loads it here."""
+        return cls(config, load_decoder_weights(folder, config, text_prefix), tower)
 
     @classmethod
     def load_tower(cls, reader: WeightFolder, prefix: str, config: Any, norm: PixelNorm) -> Any:
@@ -214,8 +243,9 @@ class QwenVLDecoder(HostDecoder):
         if not isinstance(inserts, MropeInserts):
             raise HostModelInputError("a Qwen-VL prefill row needs its mRoPE positions (MropeInserts)")
         positions = inserts.positions
-        padded = torch.cat((positions, positions[:, -1:].expand(3, bucket - positions.shape[1])), dim=1)
-        with self.mrope.at(padded):
+        if self.pads_prefill:
+            positions = torch.cat((positions, positions[:, -1:].expand(3, bucket - positions.shape[1])), dim=1)
+        with self.mrope.at(positions):
             return super().prefill(new_tokens, start, bucket, page_rows, lane_kv, all_positions, inserts)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, page_tables: Any, kv: Any,

@@ -36,7 +36,13 @@ from vllm_tt_host.models.frame.checkpoint import (
     check_shapes,
 )
 from vllm_tt_host.models.frame.config import DecoderConfig
-from vllm_tt_host.models.frame.decoder import DecodeRows, HostDecoder, PrefillInserts
+from vllm_tt_host.models.frame.decoder import (
+    DecodeRows,
+    HostDecoder,
+    PrefillInserts,
+    add_after_layer,
+    insert_embeddings,
+)
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM, layer_name
 from vllm_tt_host.models.frame.inputs import check_kv_shape
 from vllm_tt_host.models.frame.mlp import gated_mlp
@@ -96,13 +102,11 @@ class Qwen3_5Decoder(HostDecoder):
                         lane_kv: Any, inserts: PrefillInserts | None) -> torch.Tensor:
         """The ``n`` real positions only (``bucket`` just names the traced shape: padding would
         advance the state); a delta-net layer continues the state in block ``page_rows[layer][0]``,
-        from zeros when ``start`` is 0."""
-        if inserts is not None:
-            raise HostModelInputError("Qwen 3.5 text takes no embedding inserts (images)")
+        from zeros when ``start`` is 0. ``inserts``: the vision-language model's images."""
         n = new_tokens.shape[0]
         positions = start + torch.arange(n)
         size = paged_kv.block_size(lane_kv)
-        x = self._embed(new_tokens.long())
+        x = insert_embeddings(self._embed(new_tokens.long()), inserts)
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
             if isinstance(layer.mixer, GatedDeltaWeights):
@@ -114,7 +118,7 @@ class Qwen3_5Decoder(HostDecoder):
                 x = x + out[0]
             else:
                 x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions, size)
-            x = x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+            x = add_after_layer(x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp), inserts, index)
         return x
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
@@ -243,8 +247,8 @@ class HostQwen3_5ForCausalLM(HybridKVCausalLM):
         "supports_verify_decode": False,
         "single_program_lanes": False,
     }
-    config_type = Qwen3_5Config
-    decoder_type = Qwen3_5Decoder
+    config_type: ClassVar[type[DecoderConfig]] = Qwen3_5Config
+    decoder_type: ClassVar[type[HostDecoder]] = Qwen3_5Decoder
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:

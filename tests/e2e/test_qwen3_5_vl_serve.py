@@ -1,0 +1,84 @@
+"""Qwen 3.5 vision-language through ``vllm serve`` on the host mesh backend: vLLM's own
+Qwen 3.5 processor (Qwen3-VL's: uint8 pixels, the checkpoint's 0.5 mean / std), the tower
+inside the prefill, interleaved mRoPE on the rotated quarter of each head with the returned
+deltas on decode, and the hybrid KV (one recurrent-state block per request for each delta-net
+layer, paged K/V for the attention layer). One server: OpenAI chat with base64 ``image_url``
+data URLs, text-only, one-image and two-image requests at once on 4 rows with a 64-token step
+budget (the two-image prompts are prefilled in chunks that end outside their images, the
+delta-net states carried across them), greedy outputs equal transformers' generate() token for
+token and images of different kinds give HF's different answers; video, audio, too many images
+and undecodable bytes are answered with a 400 and the next request is served."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from vllm_tt_testing.checkpoints import cached
+from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
+
+from tests.e2e import vl_chat
+from tests.e2e.helpers import serve
+from tests.e2e.vl_chat import BAD_REQUESTS, image_parts
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 16
+REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (1, 0)]
+"""Image kinds per request: five at once on four rows."""
+QUESTION = " ".join([vl_chat.QUESTION] * 6)
+"""With two images this question makes a prompt longer than the 64-token step budget."""
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl)
+
+
+def hf_answers(checkpoint: Path) -> tuple[list[tuple[list[int], list[int]]], list[int], int]:
+    """transformers' (prompt ids, greedy tokens) per request of ``REQUESTS``, its greedy tokens
+    for the one-image request sent after each refusal, and the image token id."""
+    hf_vl = vl_chat.load_hf(checkpoint)
+    answers = [vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, 5 + salt, add_special_tokens=False, question=QUESTION)
+               for salt, kinds in enumerate(REQUESTS)]
+    after = vl_chat.hf_generate(hf_vl, (2,), MAX_TOKENS, 11, add_special_tokens=False)[1]
+    return answers, after, hf_vl[0].config.image_token_id
+
+
+def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(checkpoint, tmp_path):
+    """transformers runs beside the server's start (its imports take as long)."""
+    model = str(checkpoint)
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(1) as oracle:
+        expected = oracle.submit(hf_answers, checkpoint)
+        with serve(checkpoint, "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
+                   "--limit-mm-per-prompt", '{"image": 2}', env={"TT_STEP_TRACE": str(trace)}, log=log) as url:
+            with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
+                answers = list(pool.map(lambda ks: vl_chat.post_chat(url, model, image_parts(ks[1], 5 + ks[0]),
+                                                                     MAX_TOKENS, QUESTION),
+                                        enumerate(REQUESTS)))
+            refusals, after = {}, {}
+            for name, parts in BAD_REQUESTS.items():
+                refusals[name] = vl_chat.post_chat(url, model, parts or image_parts((0, 1, 2), 9), MAX_TOKENS)
+                after[name] = vl_chat.post_chat(url, model, image_parts((2,), 11), MAX_TOKENS)  # still serving
+        hf, hf_after, image_token = expected.result()
+    for response in [*answers, *after.values()]:
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+    got = {}
+    for kinds, response, (prompt, tokens) in zip(REQUESTS, answers, hf, strict=True):
+        body = response.json()
+        assert body["prompt_token_ids"] == prompt, kinds
+        assert body["choices"][0]["token_ids"] == tokens, kinds
+        got[kinds] = tokens
+    assert got[(0,)] != got[(1,)], "images of two kinds give two answers"
+    assert all(r.json()["choices"][0]["token_ids"] == hf_after for r in after.values())
+    for name, response in refusals.items():
+        assert response.status_code == 400, (name, response.status_code, response.text)
+        assert response.json()["error"]["message"], name
+    assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
+    served = [SimpleNamespace(request_id=r.json()["id"], prompt_token_ids=r.json()["prompt_token_ids"])
+              for r in answers]
+    chunked = vl_chat.assert_chunks_keep_images(trace, served, image_token)
+    assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
