@@ -329,7 +329,7 @@ counts fit a declared shape: at most ``D`` live decode rows and at most ``C`` ch
 some ``(D, C)`` in ``mixed_shapes``; the model runs that shape's program (padding the chunk to
 ``C``). The host samples a mixed step: no ``sampling_params`` are sent. It returns
 ``(decode_logits, chunk_logits)``: float ``[B, 1, V]`` by slot, exactly what ``decode_forward``
-returns for the decode half, and float ``[1, 1, V]`` after the chunk's last token, exactly what
+returns for the decode half (its live rows; a padding row's output means nothing), and float ``[1, 1, V]`` after the chunk's last token, exactly what
 ``prefill_forward`` returns for the chunk, or ``None`` when ``chunk_completes`` is false. The KV
 written is the two calls' KV. Like a host-sampled decode it leaves no token on the device for
 the next decode.
