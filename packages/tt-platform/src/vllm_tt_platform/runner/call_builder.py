@@ -15,7 +15,7 @@ from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner import mm_inputs
-from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, PrefillCall, VerifyCall
+from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, MixedCall, PrefillCall, VerifyCall
 from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan, VerifyInputs, slot_states
@@ -76,6 +76,15 @@ class StepCalls:
         for r in plan.rows:
             limits[r.state.slot] = block_tokens[r.state.req_id]
         return BlockCall(self._decode_inputs(plan), self.kv_cache, self.decode_trace, limits)
+
+    def mixed(self, plan: StepPlan) -> MixedCall:
+        """A mixed step: its decode rows by slot, its chunk as a one-row prefill."""
+        if plan.chunk is None:
+            raise ValueError(f"a {plan.phase.value} step has no prompt chunk; only a mixed step is a mixed call")
+        decode = DecodeInputs.build(plan.decode_rows, self.num_slots, self.table_width, self.blocks_per_lane,
+                                    self.layout)
+        chunk = PrefillInputs.build([plan.chunk], self.table_width, self.blocks_per_lane, self.layout, self.num_slots)
+        return MixedCall(decode, chunk, plan.chunk.produces_token, self.kv_cache, self.decode_trace)
 
     def _decode_inputs(self, plan: StepPlan) -> DecodeInputs:
         return DecodeInputs.build(plan.rows, self.num_slots, self.table_width, self.blocks_per_lane, self.layout)
