@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The phase scheduler on a modelled device clock: what users feel, stock vLLM against the
-step-counted policy (the default) and the cost-aware policy (``tt.step_cost``).
+step-counted policy (the default), the cost-aware policy (``tt.step_cost``) and mixed steps
+(``tt.mixed_steps``, a model declaring ``mixed_shapes``).
 
 Every engine step takes the time the host backend's device-time model gives it, for two cost
 models (Llama-3.1-8B on an N150, Llama-3.3-70B on a Galaxy); vLLM's stock scheduler's mixed steps
@@ -44,6 +45,9 @@ DEFAULT_MARKDOWN = REPO / "benchmarks" / "results" / "clock_bench.md"
 SCHEMA_VERSION = 1
 TARGET_LOADS = (0.6, 0.7, 0.8, 0.9)
 """The issue's targets hold here, with ample KV: TTFT <= 1.5x, ITL <= 1.10x, goodput >= 0.9x stock."""
+MIXED_CHUNKS = (256, 512, 1024, 2048)
+"""The chunk lengths of the ``tt-mixed`` row's captured mixed programs, each beside a full decode
+batch; a mixed step is costed as stock's mixed steps are (one weight stream, the prompt's compute)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ QUICK = Plan(30, COST_MODELS, ("ample",), (0.9,), (), ())
 def label(run: Run, model: str) -> dict[str, Any]:
     from vllm_tt_scheduler import DEFAULT_PREFILL_HOLD
 
-    scheduler = run.scheduler if run.scheduler == "stock" else ("tt-cost" if run.step_cost else "tt-steps")
+    scheduler = run.scheduler if run.scheduler == "stock" else (
+        "tt-mixed" if run.mixed_shapes else "tt-cost" if run.step_cost else "tt-steps")
     hold = None
     if scheduler == "tt-steps":
         hold = DEFAULT_PREFILL_HOLD if run.prefill_hold is None else run.prefill_hold
@@ -79,7 +84,9 @@ def benchmark(plan: Plan) -> dict[str, Any]:
             for load in plan.loads:
                 spec = TraceSpec(num_requests=plan.num_requests, load=load)
                 trace = make_trace(spec, EngineSpec().max_num_seqs)
-                runs = [Run(engine, load, "stock"), Run(engine, load, "tt"), Run(engine, load, "tt", step_cost=cost)]
+                mixed = tuple((ENGINES[engine].max_num_seqs, chunk) for chunk in MIXED_CHUNKS)
+                runs = [Run(engine, load, "stock"), Run(engine, load, "tt"), Run(engine, load, "tt", step_cost=cost),
+                        Run(engine, load, "tt", mixed_shapes=mixed)]
                 if engine == "ample" and load in plan.frontier_loads:
                     runs += [Run(engine, load, "tt", prefill_hold=hold) for hold in plan.holds]
                 rows_per_step = ENGINES[engine].max_num_seqs
@@ -140,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="override the trace length")
     parser.add_argument("--cost-model", choices=COST_MODELS, default=None, help="run one cost model only")
     parser.add_argument("--engine", choices=("ample", "pressure"), default=None, help="run one KV pool only")
+    parser.add_argument("--loads", type=float, nargs="+", default=None,
+                        help="run these loads only (and no prefill_hold frontier)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.requests is not None:
@@ -148,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = replace(plan, cost_models=(args.cost_model,))
     if args.engine is not None:
         plan = replace(plan, engines=(args.engine,))
+    if args.loads is not None:
+        plan = replace(plan, loads=tuple(args.loads), frontier_loads=())
     started = time.perf_counter()
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "quick": args.quick,
                               "trace": asdict(TraceSpec(num_requests=plan.num_requests)), "plan": asdict(plan)}

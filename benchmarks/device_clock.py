@@ -77,7 +77,8 @@ class TimedResult:
     engine: str
     load: float
     scheduler: str
-    """``stock``, ``tt-steps`` (the step-counted policy) or ``tt-cost`` (the cost-aware one)."""
+    """``stock``, ``tt-steps`` (the step-counted policy), ``tt-cost`` (the cost-aware one) or
+    ``tt-mixed`` (mixed steps of ``clock_bench.MIXED_CHUNKS``, the step-counted policy otherwise)."""
     prefill_hold: float | None
     slo_unit_ms: float
     ttft_mean_ms: float
@@ -153,7 +154,8 @@ class TimedDriver(TraceDriver):
             ttft_mean_ms=statistics.fmean(ttfts) * ms, ttft_p99_ms=p99(ttfts) * ms,
             itl_mean_ms=statistics.fmean(gaps) * ms, itl_p99_ms=p99(gaps) * ms,
             goodput=good / len(ttfts), prefill_steps=self.phases[Phase.PREFILL],
-            decode_steps=self.phases[Phase.DECODE], mixed_steps=self.phases[None], preemptions=self.preemptions,
+            decode_steps=self.phases[Phase.DECODE], mixed_steps=self.phases[None] + self.phases[Phase.MIXED],
+            preemptions=self.preemptions,
             host_us_per_step=(self.sim.host.schedule + self.sim.host.update) * 1e6 / max(self.sim.host.steps, 1),
         )
 

@@ -72,6 +72,8 @@ class Run:
     prefill_hold: float | None = None
     step_cost: StepCost | None = None
     """``tt`` only: hand the scheduler this cost model (the cost-aware policy)."""
+    mixed_shapes: tuple[tuple[int, int], ...] = ()
+    """``tt`` only: the model runs mixed steps of these ``(decode rows, chunk tokens)`` shapes."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class RunResult:
 def simulated_engine(run: Run, spec: TraceSpec) -> Any:
     """The simulated engine (``vllm_tt_testing.scheduler_sim.Engine``) ``run`` asks for."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm_tt_scheduler import TTScheduler, record_prefill_trace_lens
+    from vllm_tt_scheduler import TTScheduler, record_mixed_shapes, record_prefill_trace_lens
     from vllm_tt_scheduler.cost import record_step_cost
     from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler
 
@@ -111,6 +113,8 @@ def simulated_engine(run: Run, spec: TraceSpec) -> Any:
         record_prefill_trace_lens(tt, [engine.prefill_trace_max])
     if run.step_cost is not None:
         record_step_cost(tt, run.step_cost.scheduler_model())
+    if run.mixed_shapes:
+        record_mixed_shapes(tt, run.mixed_shapes)
     config = SimConfig(
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,

@@ -55,6 +55,7 @@ FEATURES: dict[str, Feature] = {
     "max_block_tokens": Feature("Block output (the model's own drafter, longest block)",
                                 "speculative-decoding.md#block-output-the-models-own-drafter-inside-the-decode-step"),
     "prefill_trace_lens": Feature("Prefill trace lengths", "scheduling.md#chunked-prefill-for-every-model"),
+    "mixed_shapes": Feature("Mixed steps (decode rows + a prompt chunk)", "scheduling.md#mixed-steps"),
     "pooling_model": Feature("Pooling model (embeddings)", "pooling.md"),
     "pooled_outputs": Feature("Pooling head (classifier, reranker)", "pooling.md#rerankers-score-and-rerank"),
     "supports_pooling": Feature("Embeddings from a decoder (--runner pooling)",
@@ -212,6 +213,9 @@ PROOFS: tuple[Proof, ...] = (
     Proof("max_model_drafts",
           f"{_E2E}/test_model_drafts.py::test_greedy_outputs_equal_transformers_with_the_models_own_drafts_accepted",
           ("llama",), "vllm serve with custom_class: greedy = transformers alone, 4 at once and streamed, drafts accepted"),
+    Proof("mixed_shapes",
+          f"{_HOST_TESTS}/test_host_mixed.py::test_mixed_steps_equal_a_decode_step_and_a_prefill_step_with_the_same_kv",
+          ("llama", "gemma3"), "a mixed step's decode logits and chunk logits and KV equal a decode step and a prefill step"),
     Proof("prefill_trace_lens", f"{_HOST_TESTS}/test_host_models.py::test_traces_must_be_captured_by_warmup",
           ("mistral",), "warmup captures one prefill trace per declared length that fits the model length"),
 )

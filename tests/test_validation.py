@@ -68,6 +68,14 @@ CASES = [
     # --convert alone: vLLM turns it into --runner pooling first, the error still names --convert
     ("convert-alone", {"convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
+    # mixed steps: one lane, no verify or block steps beside them (docs/scheduling.md#mixed-steps)
+    ("mixed-lanes", {"data_parallel_size": 2, "additional_config": _host(mixed_steps=True)}, {"MESH_DEVICE": "N300"},
+     TTUnsupportedFeatureError, "--additional-config.tt.mixed_steps with lanes"),
+    ("mixed-spec", {"additional_config": _host(mixed_steps=True),
+                    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
+     {}, TTUnsupportedFeatureError, "--additional-config.tt.mixed_steps=True is not supported"),
+    ("mixed-block", {"additional_config": _host(mixed_steps=True, block_tokens=4)}, {},
+     TTUnsupportedFeatureError, "false with --additional-config.tt.block_tokens 4"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",
         {"speculative_config": {"method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
@@ -402,3 +410,18 @@ def test_explicit_async_scheduling_is_refused_with_a_drafter(llama, monkeypatch)
         EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST, async_scheduling=True,
                    speculative_config=spec).create_engine_config()
     assert "--async-scheduling" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_mixed_steps_need_a_model_declaring_mixed_shapes():
+    from types import SimpleNamespace
+
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.options import TTConfig
+    from vllm_tt_platform.config.startup_checks import check_mixed_steps
+
+    config = TTConfig.from_sources({"mixed_steps": True}, environ={})
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        check_mixed_steps(SimpleNamespace(speculative_config=None), config, ModelCapabilities(), "TTPlainForCausalLM", 1)
+    assert "TTPlainForCausalLM, whose model_capabilities declare no mixed_shapes" in str(info.value)
+    check_mixed_steps(SimpleNamespace(speculative_config=None), config,
+                      ModelCapabilities(mixed_shapes=((4, 32),)), "TTMixedForCausalLM", 1)

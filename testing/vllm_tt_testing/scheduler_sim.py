@@ -200,8 +200,10 @@ class FakeRunner:
     otherwise it is reported as phase None (to drive vLLM's stock scheduler).
     """
 
-    def __init__(self, strict: bool = True) -> None:
+    def __init__(self, strict: bool = True, mixed: bool = False) -> None:
         self.strict = strict
+        self.mixed = mixed
+        """The model runs mixed steps (decode rows and one prompt chunk): ``step_phase`` accepts them."""
         self.rows: dict[str, _RowState] = {}
         self.mid_prefill: set[str] = set()
 
@@ -215,7 +217,7 @@ class FakeRunner:
             self.mid_prefill.discard(req_id)
         phase: Phase | None
         try:
-            phase = step_phase(out, self.mid_prefill)
+            phase = step_phase(out, self.mid_prefill, mixed=self.mixed)
         except MixedStepError:
             if self.strict:
                 raise
@@ -342,7 +344,8 @@ class Engine:
         self, scheduler: SchedulerInterface, async_depth: int = 1, strict_phases: bool = True
     ) -> None:
         self.scheduler = scheduler
-        self.runner = FakeRunner(strict=strict_phases)
+        options = getattr(scheduler, "tt_options", None)
+        self.runner = FakeRunner(strict=strict_phases, mixed=bool(options is not None and options.mixed_shapes))
         self.async_depth = async_depth
         self.step_index = 0
         self.logs: dict[str, RequestLog] = {}

@@ -171,6 +171,9 @@ def test_overrides_win_over_class_capabilities(generator_cls: type) -> None:
         ({"kv_cache_kinds": []}, "non-empty list"),
         ({"modalities": ["audio"]}, r"modalities'\] must be a non-empty list of image, video"),
         ({"modalities": []}, "non-empty list"),
+        ({"mixed_shapes": [[4, 0]]}, r"mixed_shapes'\] must be a list of \[decode_rows, chunk_tokens\] pairs"),
+        ({"mixed_shapes": [[4]]}, "pairs of positive ints"),
+        ({"mixed_shapes": [4, 32]}, "pairs of positive ints"),
     ],
 )
 def test_bad_class_capabilities_name_the_class(generator_cls: type, raw: Any, match: str) -> None:
@@ -193,6 +196,18 @@ def test_modalities_default_to_images_and_keep_one_order() -> None:
     assert ModelCapabilities().modalities == ("image",)
     assert ModelCapabilities.from_mapping({"modalities": ["video", "image"]}, owner="t").modalities == ("image", "video")
     assert ModelCapabilities.json_schema()["properties"]["modalities"]["items"]["enum"] == ["image", "video"]
+
+
+def test_mixed_shapes_default_to_none_and_parse_as_sorted_pairs(generator_cls: type) -> None:
+    assert ModelCapabilities().mixed_shapes == ()
+    caps = ModelCapabilities.from_mapping({"mixed_shapes": [[8, 64], (4, 32), [4, 32]]}, owner="t")
+    assert caps.mixed_shapes == ((4, 32), (8, 64))
+    pair = ModelCapabilities.json_schema()["properties"]["mixed_shapes"]["items"]
+    assert (pair["minItems"], pair["maxItems"], pair["items"]["minimum"]) == (2, 2, 1)
+    # Declaring shapes needs the call that runs them.
+    broken = type("NoMixed", (generator_cls,), {"model_capabilities": {"mixed_shapes": [[4, 32]]}})
+    with pytest.raises(ContractError, match=r"declares mixed_shapes but has no method mixed_forward\(\)"):
+        check_model_class(broken, owner="t")
 
 
 def test_unknown_class_capability_keys_are_ignored() -> None:

@@ -4,6 +4,7 @@ the model contract names for its member."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,10 +17,12 @@ from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.calls import DecodeCall, PrefillCall, VerifyCall
 from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout, LayerKV
 from vllm_tt_platform.runner.mm_inputs import MultimodalInputError
+from vllm_tt_platform.runner.model_output import ModelOutputError
 from vllm_tt_platform.runner.step import ScheduledRow, StepPlan
+from vllm_tt_platform.runner.step_results import MixedResult
 from vllm_tt_sampling.decision import SamplingDecision, SamplingPath
 from vllm_tt_sampling.params import TTSamplingParams
-from vllm_tt_scheduler.phase import Phase
+from vllm_tt_scheduler.phase import MixedStepError, Phase
 from vllm_tt_testing.scheduler_outputs import cached_requests, new_request, scheduler_output
 
 VOCAB = 512
@@ -210,3 +213,47 @@ def test_an_image_key_that_would_replace_a_prefill_argument_is_refused(key):
     plan = image_row(["pixel_values", key])
     with pytest.raises(MultimodalInputError, match=f"produced \\['{key}'\\], which prefill_forward already takes"):
         builder(1).prefill(plan, None, prompt_logprobs=False)
+
+
+def mixed_plan(batch: PersistentBatch, mixed: bool = True) -> StepPlan:
+    """``a`` and ``b`` decode while ``c`` (new, 5 prompt tokens) computes its first 3."""
+    batch.requests["a"].output_token_ids.append(234)
+    batch.requests["b"].output_token_ids.append(289)
+    out = scheduler_output([new_request("c", [1, 2, 3, 4, 5], [13])], cached=cached_requests(["a", "b"], [3, 2]),
+                           scheduled={"a": 1, "b": 1, "c": 3})
+    batch.update(out, {"c": 1})
+    return StepPlan.build(out, batch, mixed=mixed)
+
+
+@pytest.mark.parametrize("layout", [None, hybrid_layout()], ids=["one-table", "per-layer"])
+def test_a_mixed_call_sends_the_decode_rows_by_slot_and_the_chunk_as_one_prefill_row(layout):
+    batch, _ = lane_batch()
+    plan = mixed_plan(batch)
+    assert plan.phase is Phase.MIXED and plan.chunk is not None and plan.chunk.state.req_id == "c"
+    assert [r.state.req_id for r in plan.decode_rows] == ["a", "b"]
+    kwargs = builder(layout=layout).mixed(plan).to_contract_kwargs()
+    shape = CALLS["mixed_forward"]
+    assert set(shape.keywords) <= set(kwargs) <= {*shape.keywords, *shape.sometimes}
+    assert kwargs["start_pos"].tolist() == [3, -1, 2, -1]  # by slot: a in slot 0, b in slot 2
+    assert kwargs["tokens"][:, 0].tolist() == [234, 0, 289, 0]
+    assert kwargs["chunk_tokens"].tolist() == [[1, 2, 3]] and kwargs["chunk_start"] == 0
+    assert kwargs["chunk_slot"] == 3 and kwargs["chunk_completes"] is False  # 2 prompt tokens to go
+    assert kwargs["chunk_page_table"].tolist() == [[3, 0, 0, 0]]  # block 13: lane 1's local block 3
+    assert ("chunk_page_tables_per_layer" in kwargs) is (layout is not None)
+    with pytest.raises(MixedStepError, match="mixed steps are off"):
+        mixed_plan(lane_batch()[0], mixed=False)  # a model without mixed steps
+
+
+def test_a_mixed_result_is_the_decode_rows_then_the_completing_chunk():
+    batch, _ = lane_batch()
+    call = builder().mixed(mixed_plan(batch))
+    decode = torch.randn(4, 1, VOCAB)
+    assert torch.equal(MixedResult.read(object(), (decode, None), call).output.logits, decode[:, -1])
+    completing = dataclasses.replace(call, chunk_completes=True)
+    chunk = torch.randn(1, 1, VOCAB)
+    both = MixedResult.read(object(), (decode, chunk), completing).output.logits
+    assert both.shape == (5, VOCAB) and torch.equal(both[-1], chunk[0, -1])
+    with pytest.raises(ModelOutputError, match="expected None"):
+        MixedResult.read(object(), (decode, chunk), call)
+    with pytest.raises(ModelOutputError, match=r"expected \(decode_logits, chunk_logits\)"):
+        MixedResult.read(object(), decode, call)

@@ -262,3 +262,13 @@ def test_a_verify_step_falls_back_to_the_host(rows, kwargs, reason):
                                              "always_compat": False, **kwargs}, verify=True)
     assert (decision.path, decision.reason) == (SamplingPath.HOST, reason)
     assert reason in REASONS
+
+
+def test_a_mixed_step_is_sampled_on_the_host():
+    """A mixed step (decode rows and a prompt chunk in one program) returns logits."""
+    rows = [row(greedy=True, top_k=0)] * 3
+    decision = choose_sampling_path(rows, mode=DeviceSamplingMode.ALL, prefill=False, caps=CAPS,
+                                    always_compat=False, mixed=True)
+    assert (decision.path, decision.reason) == (SamplingPath.HOST, "mixed") and "mixed" in REASONS
+    plain = choose_sampling_path(rows, mode=DeviceSamplingMode.ALL, prefill=False, caps=CAPS, always_compat=False)
+    assert plain.path is SamplingPath.DEVICE

@@ -18,7 +18,7 @@ from vllm_tt_scheduler import (
 )
 from vllm_tt_scheduler.cost import STEP_COST_KEY
 from vllm_tt_scheduler.lanes.shape import LANES_KEY, ROWS_PER_LANE_KEY, BlockNumbering, LaneShape
-from vllm_tt_scheduler.options import PREFILL_HOLD, PREFILL_TRACE_LENS_KEY
+from vllm_tt_scheduler.options import MIXED_SHAPES_KEY, PREFILL_HOLD, PREFILL_TRACE_LENS_KEY
 
 
 # -- lane shape ---------------------------------------------------------------------------------
@@ -77,7 +77,8 @@ def test_user_options_declare_what_the_platform_derives_its_fields_from() -> Non
         ("block_tokens", int, 0, 0),
     ]
     assert all(spec.doc for spec in USER_OPTIONS)
-    assert set(CONFIG_KEYS) == {spec.name for spec in USER_OPTIONS} | {PREFILL_TRACE_LENS_KEY, STEP_COST_KEY}
+    assert set(CONFIG_KEYS) == {spec.name for spec in USER_OPTIONS} | {PREFILL_TRACE_LENS_KEY, STEP_COST_KEY,
+                                                                       MIXED_SHAPES_KEY}
     assert SchedulerOptions() == SchedulerOptions(DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None)
 
 

@@ -11,7 +11,7 @@ def test_defaults() -> None:
         DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
     )
     assert set(CONFIG_KEYS) == {
-        "prefill_burst", "prefill_hold", "block_tokens", "_prefill_trace_lens", "_step_cost"
+        "prefill_burst", "prefill_hold", "block_tokens", "_prefill_trace_lens", "_step_cost", "_mixed_shapes"
     }
 
 

@@ -4,7 +4,8 @@ Each example draws an engine (slots, step budget, KV pool small enough to force
 preemption, prefill trace cap, prefix caching, policy knobs) and a seed for the event
 stream (arrivals with random lengths, structured-output requests whose grammar compiles
 late or fails, aborts at any moment), runs ``STEPS_PER_EXAMPLE`` engine steps, then
-drains. Checked at every step: no mixed step, the scheduler's phase is the runner's,
+drains. Checked at every step: no mixed step (but for the ``mixed`` target, a model running
+them: one prompt chunk beside decodes), the scheduler's phase is the runner's,
 progress whenever work is ready (no livelock), KV blocks within the pool. At the end:
 every request finished or was aborted exactly once, every finished id reached the
 runner, and every completed output is exactly the never-preempted greedy output.
@@ -30,7 +31,7 @@ from vllm_tt_scheduler.cost import STEP_COST_KEY, RooflineStepCost
 from vllm_tt_testing.scheduler_sim import Engine, SimConfig, build_scheduler, greedy_tokens, make_request
 
 STEPS_PER_EXAMPLE = 400
-EXAMPLES_PER_TARGET = 13  # 3 targets x 13 x 400 = 15,600 steps, plus the drains
+EXAMPLES_PER_TARGET = 13  # 4 targets x 13 x 400 = 20,800 steps, plus the drains
 MAX_IDLE_STEPS_WITH_READY_WORK = 2
 MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
@@ -59,9 +60,17 @@ def with_step_cost(config: SimConfig) -> SimConfig:
     return replace(config, tt={**config.tt, STEP_COST_KEY: STEP_COST.to_dict()})
 
 
+def with_mixed_steps(config: SimConfig) -> SimConfig:
+    """A model running mixed steps: chunks of 8, 16 or 32 tokens beside up to 6 decode rows."""
+    return replace(config, tt={**config.tt, "_mixed_shapes": [[6, 8], [6, 16], [6, 32]]})
+
+
 TARGETS = {
     "cost": Target(
         lambda config: build_scheduler(TTScheduler, with_step_cost(config)), 1, lambda s: [s.kv_cache_manager], True
+    ),
+    "mixed": Target(
+        lambda config: build_scheduler(TTScheduler, with_mixed_steps(config)), 1, lambda s: [s.kv_cache_manager], True
     ),
     "sync": Target(
         lambda config: build_scheduler(TTScheduler, config), 1, lambda s: [s.kv_cache_manager], True
@@ -186,8 +195,9 @@ class Run:
             return
         assert record.phase is not None  # the strict runner raised on a mixed step already
         assert scheduler.last_phase is record.phase
-        if record.phase is Phase.DECODE:
+        if record.phase in (Phase.DECODE, Phase.MIXED):  # a mixed step stalls no decode
             self.stalling_prefills = 0
+            STATS["mixed"] += record.phase is Phase.MIXED
         elif record.phase is Phase.PREFILL and decodes.intersection(scheduler.running):
             self.stalling_prefills += 1
             if self.target.exact_burst:
@@ -259,7 +269,7 @@ class Run:
             assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
-STATS: dict[str, int] = {"steps": 0, "preemptions": 0, "prefill": 0, "decode": 0}
+STATS: dict[str, int] = {"steps": 0, "preemptions": 0, "prefill": 0, "decode": 0, "mixed": 0}
 
 
 @pytest.mark.parametrize("target_name", sorted(TARGETS))
@@ -283,8 +293,10 @@ def test_random_load(target_name: str) -> None:
         run.run()
         STATS["steps"] += run.sim.step_index
 
+    mixed_before = STATS["mixed"]
     check()
     assert STATS["steps"] >= EXAMPLES_PER_TARGET * STEPS_PER_EXAMPLE
+    assert (STATS["mixed"] > mixed_before) is (target_name == "mixed")  # only a mixed model mixes
 
 
 def test_random_load_exercises_preemption_and_both_phases() -> None:

@@ -81,6 +81,11 @@ class ModelCapabilities:
     method custom_class`` naming the platform's ``ModelDrafts`` proposer."""
     prefill_trace_lens: tuple[int, ...] = ()
     """Prefill lengths the model captures traces for; the scheduler chunks to these."""
+    mixed_shapes: tuple[tuple[int, int], ...] = ()
+    """Mixed steps: the ``(decode_rows, chunk_tokens)`` shapes the model captures one program
+    for, holding up to ``decode_rows`` live decode rows and one prompt chunk of up to
+    ``chunk_tokens`` tokens (``mixed_forward``, the contract's ``MIXED_CALL``). Empty (the
+    default): every step is prefill-only or decode-only."""
     pooling_model: bool = False
     """A pooling model (embeddings, rerankers, classifiers; served with ``--runner pooling``):
     it runs prefill-only programs through ``pool_forward`` at fixed (batch, length) shapes and
@@ -130,6 +135,8 @@ class ModelCapabilities:
                         _FIX,
                     )
                 value = tuple(sorted(value))
+            elif f.name == "mixed_shapes":
+                value = _mixed_shapes(value, owner)
             elif (choices := _CHOICE_LISTS.get(f.name)) is not None:
                 if not isinstance(value, (list, tuple)) or not value or not all(v in choices for v in value):
                     raise ContractError(
@@ -182,6 +189,26 @@ class ModelCapabilities:
                 props[f.name] = {"type": "integer", "minimum": 0}
             elif (choices := _CHOICE_LISTS.get(f.name)) is not None:
                 props[f.name] = {"type": "array", "minItems": 1, "items": {"enum": list(choices)}}
+            elif f.name == "mixed_shapes":
+                pair = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": 1}}
+                props[f.name] = {"type": "array", "items": pair}
             else:
                 props[f.name] = {"type": "array", "items": {"type": "integer", "minimum": 1}}
         return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+def _mixed_shapes(value: Any, owner: str) -> tuple[tuple[int, int], ...]:
+    """``mixed_shapes`` as sorted ``(decode_rows, chunk_tokens)`` pairs of positive ints."""
+    def positive(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 and all(positive(v) for v in pair) for pair in value
+    ):
+        raise ContractError(
+            owner,
+            f"model_capabilities['mixed_shapes'] must be a list of [decode_rows, chunk_tokens] pairs of "
+            f"positive ints, got {value!r}",
+            _FIX,
+        )
+    return tuple(sorted({(int(d), int(c)) for d, c in value}))

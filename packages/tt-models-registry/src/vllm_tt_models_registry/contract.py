@@ -26,6 +26,7 @@ __all__ = [
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "BLOCK_KWARG",
+    "MIXED_KWARGS",
     "OPTIONAL_METHODS",
     "POOLING_REQUIRED_METHODS",
     "REQUIRED_METHODS",
@@ -177,6 +178,14 @@ class TTModelExtras(Protocol):
         program queued after the call runs. Required when ``supports_kv_transfer`` is declared."""
         ...
 
+    def mixed_forward(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any, chunk_tokens: Any,
+                      chunk_start: int, chunk_page_table: Any, chunk_slot: int, chunk_completes: bool,
+                      enable_trace: bool = False, **kwargs: Any) -> Any:
+        """A mixed step (``mixed_shapes``): the decode rows and one prompt chunk in one program,
+        one pass over the weights; see :data:`MIXED_KWARGS`. Required when ``mixed_shapes`` is
+        declared."""
+        ...
+
     def read_decode_output(self, tt_out: Any, async_read: bool = False) -> Any:
         """Start a non-blocking readback of one decode submission: ``(host_out, events)``.
         Required when ``supports_async_decode`` is declared."""
@@ -311,6 +320,31 @@ token on the device for the next decode.
 Warmup gets ``block_tokens=<block size>`` (``warmup_model_decode``) to capture the block
 step's trace."""
 
+MIXED_KWARGS: tuple[str, ...] = ("chunk_tokens", "chunk_start", "chunk_page_table", "chunk_slot", "chunk_completes")
+"""``mixed_forward``'s prompt-chunk arguments (``mixed_shapes``; a mixed step). Its decode half
+is a decode step's, as ``decode_forward`` takes it: ``tokens [B, 1]``, ``start_pos [B]`` (-1:
+padding row), ``page_table [B, W]`` by slot over the full fixed batch, and
+``page_tables_per_layer`` for a model that declared its KV spec. Its chunk half is one prefill
+row, as ``prefill_forward`` takes it: ``chunk_tokens`` int ``[1, end]`` (the request's tokens up
+to the chunk's end), ``chunk_start`` (the first position computed; before it the KV is cached),
+``chunk_page_table [1, W]`` (and ``chunk_page_tables_per_layer``, one ``[1, W]`` per layer),
+``chunk_slot`` (the request's decode slot) and ``chunk_completes`` (the chunk reaches the
+prompt's end, so its last position's logits are wanted).
+
+The runner sends it when the scheduler put live decode rows and one chunk in a step and the
+counts fit a declared shape: at most ``D`` live decode rows and at most ``C`` chunk tokens for
+some ``(D, C)`` in ``mixed_shapes``; the model runs that shape's program (padding the chunk to
+``C``). The host samples a mixed step: no ``sampling_params`` are sent. It returns
+``(decode_logits, chunk_logits)``: float ``[B, 1, V]`` by slot, exactly what ``decode_forward``
+returns for the decode half (its live rows; a padding row's output means nothing), and float ``[1, 1, V]`` after the chunk's last token, exactly what
+``prefill_forward`` returns for the chunk, or ``None`` when ``chunk_completes`` is false. The KV
+written is the two calls' KV. Like a host-sampled decode it leaves no token on the device for
+the next decode.
+
+Warmup gets ``mixed_shapes=[(D, C), ...]`` (``warmup_model_decode``) to capture each shape's
+program."""
+
+
 @dataclass(frozen=True)
 class CallShape:
     """How the runner calls one member: which arguments by position, which by keyword."""
@@ -387,6 +421,11 @@ CALLS: Mapping[str, CallShape] = {
                   sometimes=("page_tables_per_layer",)),
         CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
         CallShape("write_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids", "pages")),
+        CallShape(
+            "mixed_forward",
+            keywords=("tokens", "start_pos", "page_table", "kv_cache", *MIXED_KWARGS, "enable_trace"),
+            sometimes=("page_tables_per_layer", "chunk_page_tables_per_layer"),
+        ),
         CallShape("read_decode_output", ("tt_out",), ("async_read",)),
         CallShape("process_decode_output_host", ("tt_out",), ("is_tokens",)),
         CallShape("warmup_model_prefill", keywords=("kv_cache", "enable_trace", "can_sample_on_device")),
@@ -399,7 +438,7 @@ CALLS: Mapping[str, CallShape] = {
                 "num_blocks",
                 "can_sample_on_device",
             ),
-            sometimes=("verify_tokens", BLOCK_KWARG),
+            sometimes=("verify_tokens", BLOCK_KWARG, "mixed_shapes"),
         ),
     )
 }
@@ -477,6 +516,12 @@ def check_model_class(
         raise ContractError(
             owner, f"class {name} declares max_model_drafts but has no method propose_drafts()",
             f"implement {CALLS['propose_drafts'].render()}, or drop the capability",
+        )
+    if capabilities.mixed_shapes and not callable(getattr(model_cls, "mixed_forward", None)):
+        raise ContractError(
+            owner,
+            f"class {name} declares mixed_shapes but has no method mixed_forward()",
+            f"implement {CALLS['mixed_forward'].render()} or drop the capability",
         )
     if capabilities.supports_async_decode and not callable(getattr(model_cls, "read_decode_output", None)):
         raise ContractError(

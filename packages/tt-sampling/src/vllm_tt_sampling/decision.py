@@ -178,6 +178,7 @@ REASONS: tuple[str, ...] = (
     "always_compat",
     "phase_not_enabled",
     "verify_sampled",
+    "mixed",
     *(code for code, _ in _ROW_CHECKS),
     "device",
     "verify",
@@ -194,6 +195,7 @@ def choose_sampling_path(
     caps: DeviceSamplingCaps,
     always_compat: bool,
     verify: bool = False,
+    mixed: bool = False,
 ) -> SamplingDecision:
     """Device sampling only when the operator enabled it for this step's phase (``prefill``:
     a prefill step, else a decode step) and every request uses only what the device does
@@ -204,7 +206,8 @@ def choose_sampling_path(
     verified on the device only when every row is greedy: the device returns its argmax after
     each position and the host keeps the matching drafts (``vllm_tt_sampling.acceptance``).
     One sampled row sends the step to vLLM's rejection sampler on the host
-    (``"verify_sampled"``), which needs every position's logits."""
+    (``"verify_sampled"``), which needs every position's logits. A ``mixed`` step (decode rows
+    and a prompt chunk in one program) is sampled on the host (``"mixed"``)."""
     if not isinstance(prefill, bool):
         raise TypeError(f"prefill={prefill!r} must be a bool: True for a prefill step, False for a decode one.")
     if mode is None:
@@ -213,6 +216,8 @@ def choose_sampling_path(
         return SamplingDecision(SamplingPath.HOST, "always_compat")
     if mode is DeviceSamplingMode.DECODE_ONLY and prefill:
         return SamplingDecision(SamplingPath.HOST, "phase_not_enabled")
+    if mixed:  # a mixed step returns logits (model contract: MIXED_KWARGS)
+        return SamplingDecision(SamplingPath.HOST, "mixed")
     if verify and not all(row.greedy for row in requests):
         return SamplingDecision(SamplingPath.HOST, "verify_sampled")
     for code, breaks in _ROW_CHECKS:

@@ -1,6 +1,8 @@
-"""vllm-tt-scheduler: vLLM's scheduler restricted to prefill-only, decode-only or empty steps.
+"""vllm-tt-scheduler: vLLM's scheduler restricted to prefill-only, decode-only, empty (and, for
+models that run them, mixed) steps.
 
-``Phase``, ``step_phase``, the options (``USER_OPTIONS``, defaults, ``record_prefill_trace_lens``)
+``Phase``, ``step_phase``, the options (``USER_OPTIONS``, defaults, ``record_prefill_trace_lens``,
+``record_mixed_shapes``)
 and the lane contract (``lanes.shape``) import without vLLM; the scheduler classes load vLLM on
 first access (vLLM resolves ``scheduler_cls`` by attribute).
 """
@@ -16,6 +18,7 @@ from vllm_tt_scheduler.options import (
     USER_OPTIONS,
     OptionSpec,
     SchedulerOptions,
+    record_mixed_shapes,
     record_prefill_trace_lens,
 )
 from vllm_tt_scheduler.phase import MixedStepError, Phase, step_phase
@@ -36,6 +39,7 @@ __all__ = [
     "TTLaneCoordinator",
     "TTScheduler",
     "USER_OPTIONS",
+    "record_mixed_shapes",
     "record_prefill_trace_lens",
     "step_phase",
 ]

@@ -75,9 +75,12 @@ DEFAULT_PREFILL_HOLD: float = PREFILL_HOLD.default
 PREFILL_TRACE_LENS_KEY = "_prefill_trace_lens"
 """Set by the platform from the model's declared prefill trace lengths."""
 
+MIXED_SHAPES_KEY = "_mixed_shapes"
+"""Set by the platform from the model's ``mixed_shapes`` when ``tt.mixed_steps`` is on."""
+
 #: Keys this package reads from ``additional_config["tt"]``. ``_``-prefixed keys are
 #: set by the platform, never by users.
-CONFIG_KEYS = (*(spec.name for spec in USER_OPTIONS), PREFILL_TRACE_LENS_KEY, STEP_COST_KEY)
+CONFIG_KEYS = (*(spec.name for spec in USER_OPTIONS), PREFILL_TRACE_LENS_KEY, STEP_COST_KEY, MIXED_SHAPES_KEY)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class SchedulerOptions:
     block_tokens: int = BLOCK_TOKENS.default
     """Most tokens a decode row commits per step (``BLOCK_TOKENS``; ``block_output``)."""
 
+    mixed_shapes: tuple[tuple[int, int], ...] = ()
+    """The ``(decode rows, chunk tokens)`` mixed programs the model runs (``MIXED_SHAPES_KEY``;
+    ``mixed``); empty: phase-pure steps only."""
+
     step_cost: RooflineStepCost | None = None
     """Modelled step times of the served model and mesh (``cost``): the phase policy then
     decides by time (``cost_policy``); None counts steps (``policy.PhasePolicy``)."""
@@ -116,6 +123,7 @@ class SchedulerOptions:
             prefill_hold=PREFILL_HOLD.read(tt),
             block_tokens=BLOCK_TOKENS.read(tt),
             prefill_chunk_cap=_chunk_cap(tt.get(PREFILL_TRACE_LENS_KEY)),
+            mixed_shapes=_mixed_shapes(tt.get(MIXED_SHAPES_KEY, ())),
             step_cost=read_step_cost(tt),
         )
 
@@ -125,6 +133,26 @@ def record_prefill_trace_lens(tt: MutableMapping[str, Any], trace_lens: Sequence
     the largest); raise ``ValueError`` when they are not positive ints."""
     _chunk_cap(trace_lens)
     tt[PREFILL_TRACE_LENS_KEY] = list(trace_lens)
+
+
+def record_mixed_shapes(tt: MutableMapping[str, Any], shapes: Sequence[Sequence[int]]) -> None:
+    """Write the model's mixed shapes for the scheduler (``tt.mixed_steps`` on); raise
+    ``ValueError`` when they are not pairs of positive ints."""
+    tt[MIXED_SHAPES_KEY] = [list(shape) for shape in _mixed_shapes(shapes)]
+
+
+def _mixed_shapes(shapes: object) -> tuple[tuple[int, int], ...]:
+    def positive(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if isinstance(shapes, str | bytes) or not isinstance(shapes, Sequence) or not all(
+        isinstance(pair, Sequence) and len(pair) == 2 and all(positive(v) for v in pair) for pair in shapes
+    ):
+        raise ValueError(
+            f"additional_config tt.{MIXED_SHAPES_KEY}={shapes!r} must be a list of [decode_rows, chunk_tokens] "
+            "pairs of positive ints (set by the platform from the model's mixed_shapes)"
+        )
+    return tuple(sorted((int(d), int(c)) for d, c in shapes))
 
 
 def _chunk_cap(trace_lens: object) -> int | None:

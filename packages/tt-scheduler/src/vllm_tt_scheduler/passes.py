@@ -61,10 +61,10 @@ def prefill_pass(
         decodes.extend(sched.running)
         sched.running = decodes
         if hidden:
-            _still_on_runner(sched, decodes[:hidden])
+            still_on_runner(sched, decodes[:hidden])
 
 
-def _still_on_runner(sched: Scheduler, hidden: list[Request]) -> None:
+def still_on_runner(sched: Scheduler, hidden: list[Request]) -> None:
     """Count hidden requests as scheduled in the previous step.
 
     vLLM resends a request's whole token list when it was not scheduled in the previous
@@ -96,4 +96,4 @@ def decode_pass(sched: Scheduler, schedule: Schedule, partials: list[Request]) -
         sched.max_num_active_reqs = active
         if partials:
             sched.running.extend(partials)
-            _still_on_runner(sched, partials)
+            still_on_runner(sched, partials)

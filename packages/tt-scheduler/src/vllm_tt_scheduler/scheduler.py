@@ -24,6 +24,7 @@ from vllm_tt_scheduler.carry import carry_over
 from vllm_tt_scheduler.compat import SchedulerBackports
 from vllm_tt_scheduler.cost_policy import policy_for
 from vllm_tt_scheduler.kv_fit import KVFit
+from vllm_tt_scheduler.mixed import MixedShapes, mixed_pass, scheduled_phase
 from vllm_tt_scheduler.options import SchedulerOptions
 from vllm_tt_scheduler.passes import decode_pass, prefill_pass
 from vllm_tt_scheduler.phase import Phase
@@ -76,6 +77,7 @@ class PhaseScheduling(SchedulerBackports):
         spec = self.vllm_config.speculative_config
         if spec is not None and spec.method == "custom_class":  # the model's own drafter writes its drafts' KV
             block_output.reserve_lookahead(self, 1 + spec.num_speculative_tokens)
+        self._mixed = MixedShapes(options.mixed_shapes) if options.mixed_shapes else None
         self._trace: StepTrace = NullStepTrace()
         if not self.coordinated:
             self._trace = open_step_trace(envs.step_trace_path())
@@ -90,10 +92,14 @@ class PhaseScheduling(SchedulerBackports):
             policy = f"step-counted policy (no step cost model), prefill_hold={options.prefill_hold:g}"
         else:
             policy = f"cost-aware policy, step cost model: {options.step_cost.description}"
-        return f"{policy}, prefill_burst={options.prefill_burst}, prefill chunk cap={cap}"
+        mixed = f"mixed steps: {self._mixed.describe()}" if self._mixed is not None else "mixed steps off"
+        return f"{policy}, prefill_burst={options.prefill_burst}, prefill chunk cap={cap}, {mixed}"
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         view = self.work_view()
+        chunk = self._mixed_chunk(view) if self._mixed is not None else None
+        if chunk is not None:
+            return self._mixed_step(view, chunk, throttle_prefills)
         plan = self.phase_policy.plan(view)
         if plan is Phase.PREFILL and view.prompts:
             self._prefill_tokens = self.phase_policy.prefill_tokens(view) or self._prefill_tokens
@@ -110,6 +116,40 @@ class PhaseScheduling(SchedulerBackports):
         self.phase_policy.observe(phase, view)
         self.end_step(phase)
         self._trace.record(self._step_index - 1, phase, output, self, retried)
+        return output
+
+    def _mixed_chunk(self, view: WorkView) -> int | None:
+        """The chunk of a mixed step now, or None for a phase-pure one: decodes run, a prompt
+        is ready (a partial prefill, or an admission that fits), a captured shape holds the
+        decode rows, and the prompt wants no prompt logprobs (a mixed step returns the chunk's
+        last logits only)."""
+        if self._mixed is None or not view.decodes or not (view.partials or view.admissible):
+            return None
+        partials = self._current_partials()
+        prompt = partials[0] if partials else self._waiting_head()
+        if prompt is None or (prompt.sampling_params is not None and prompt.sampling_params.prompt_logprobs):
+            return None
+        need = prompt.num_tokens - prompt.num_computed_tokens if partials else (view.prompts or (None,))[0]
+        return self._mixed.chunk_for(view.decodes, need)
+
+    def _waiting_head(self) -> Request | None:
+        """The request vLLM's admission loop looks at first."""
+        for queue in (self.kv_holding_waiting, self.waiting):
+            if self._queue_size(queue):
+                return queue.peek_request()
+        return None
+
+    def _mixed_step(self, view: WorkView, chunk: int, throttle_prefills: bool) -> SchedulerOutput:
+        """One mixed pass (``mixed.mixed_pass``): the decodes and one prompt's ``chunk``."""
+        schedule = partial(self._vllm_schedule, True) if throttle_prefills else self._vllm_schedule
+        partials = self._current_partials()
+        output = mixed_pass(self, schedule, partials, chunk)
+        self._partials = [request for request in self.running if request.is_prefill_chunk]
+        phase = scheduled_phase(output, partials[0] if partials else None)
+        # A mixed step stalls no decode: for the policy it is a decode step.
+        self.phase_policy.observe(Phase.DECODE if phase is Phase.MIXED else phase, view)
+        self.end_step(phase)
+        self._trace.record(self._step_index - 1, phase, output, self, False)
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput,

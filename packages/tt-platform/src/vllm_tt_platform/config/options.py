@@ -102,6 +102,11 @@ class TTConfig:
     prefill_burst: int = _scheduler_opt(PREFILL_BURST)
     prefill_hold: float = _scheduler_opt(PREFILL_HOLD)
     block_tokens: int = _scheduler_opt(BLOCK_TOKENS)
+    mixed_steps: bool = field(default=False, metadata=option(
+        "Mixed steps: with decodes running, a step also computes one prompt chunk, sized from the "
+        "model's captured `mixed_shapes`, in one program, so prompts no longer stall decodes. Needs "
+        "a model declaring `mixed_shapes`; not with lanes, speculative decoding or `block_tokens`. "
+        "See docs/scheduling.md."))
     step_cost: str | None = field(default=None, metadata=option(
         "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
         "and how many prompts share a prefill step by modelled device time (the cost-aware "

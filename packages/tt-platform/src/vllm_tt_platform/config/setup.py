@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.logger import init_logger
 from vllm_tt_models_registry import RegisteredModel, TTModelRegistry, load_registry, tt_arch_name
 from vllm_tt_models_registry.contract import ModelCapabilities
-from vllm_tt_scheduler import record_prefill_trace_lens
+from vllm_tt_scheduler import record_mixed_shapes, record_prefill_trace_lens
 from vllm_tt_scheduler.lanes.shape import LaneShape
 
 from vllm_tt_platform.config import cli_flags, data_parallel, metrics_switch, request_checks
@@ -26,6 +26,7 @@ from vllm_tt_platform.config.startup_checks import (
     check_encoder_decoder,
     check_environment,
     check_kv_transfer,
+    check_mixed_steps,
     check_runner,
     check_speculation,
     check_vllm_features,
@@ -168,6 +169,7 @@ def configure(vllm_config: VllmConfig) -> None:
     check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
     check_block_output(vllm_config, setup.config.block_tokens, caps, setup.model.arch)
+    check_mixed_steps(vllm_config, setup.config, caps, setup.model.arch, setup.topology.lanes)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",
@@ -226,6 +228,8 @@ def configure(vllm_config: VllmConfig) -> None:
         record_prefill_trace_lens(tt, caps.prefill_trace_lens)
     if setup.config.step_cost is not None:
         hand_step_cost(tt, setup.config.step_cost, hf_config, setup.topology)
+    if setup.config.mixed_steps:
+        record_mixed_shapes(tt, caps.mixed_shapes)
 
     vllm_config.parallel_config.worker_cls = WORKER_CLS
     if setup.topology.lanes > 1:

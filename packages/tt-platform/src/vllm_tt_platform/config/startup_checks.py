@@ -385,3 +385,34 @@ def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, .
         mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
     mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
     vllm_config.scheduler_config.disable_chunked_mm_input = True
+
+
+def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapabilities, arch: str,
+                      lanes: int) -> None:
+    """``tt.mixed_steps`` needs a model that captures mixed programs (``mixed_shapes``), one
+    lane (the lane coordinator runs one phase over every lane), and no verify or block steps
+    (a mixed step's decode half is a plain decode's)."""
+    if not config.mixed_steps:
+        return
+    key = "--additional-config.tt.mixed_steps"
+    if not caps.mixed_shapes:
+        raise TTUnsupportedFeatureError(
+            key, True, f"false for {arch}, whose model_capabilities declare no mixed_shapes",
+            "remove tt.mixed_steps, or serve a model whose mixed_forward runs decode rows and a prompt chunk "
+            "(model contract: MIXED_KWARGS)",
+        )
+    if lanes > 1:
+        raise TTUnsupportedFeatureError(
+            f"{key} with lanes (--data-parallel-size)", lanes, "1 lane",
+            "remove --data-parallel-size or tt.mixed_steps: the lane coordinator runs one phase over every lane",
+        )
+    if vllm_config.speculative_config is not None:
+        raise TTUnsupportedFeatureError(
+            key, True, f"false with --speculative-config method {vllm_config.speculative_config.method}",
+            "use one of the two: verify steps stay phase-pure",
+        )
+    if config.block_tokens > 1:
+        raise TTUnsupportedFeatureError(
+            key, True, f"false with --additional-config.tt.block_tokens {config.block_tokens}",
+            "use one of the two: block-output steps stay phase-pure",
+        )

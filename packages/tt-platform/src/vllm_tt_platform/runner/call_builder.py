@@ -16,7 +16,7 @@ from vllm_tt_scheduler.phase import Phase
 
 from vllm_tt_platform.runner import mm_inputs
 from vllm_tt_platform.runner.batch import RequestState
-from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, DraftCall, PrefillCall, VerifyCall
+from vllm_tt_platform.runner.calls import BlockCall, DecodeCall, DraftCall, MixedCall, PrefillCall, VerifyCall
 from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.sampling.inputs import DeviceSampling
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan, VerifyInputs, slot_states
@@ -90,6 +90,15 @@ class StepCalls:
             by_slot[state.slot] = state
         inputs = DecodeInputs.of(by_slot, tokens, start_pos, self.table_width, self.blocks_per_lane, self.layout)
         return DraftCall(inputs, self.kv_cache, counts)
+
+    def mixed(self, plan: StepPlan) -> MixedCall:
+        """A mixed step: its decode rows by slot, its chunk as a one-row prefill."""
+        if plan.chunk is None:
+            raise ValueError(f"a {plan.phase.value} step has no prompt chunk; only a mixed step is a mixed call")
+        decode = DecodeInputs.build(plan.decode_rows, self.num_slots, self.table_width, self.blocks_per_lane,
+                                    self.layout)
+        chunk = PrefillInputs.build([plan.chunk], self.table_width, self.blocks_per_lane, self.layout, self.num_slots)
+        return MixedCall(decode, chunk, plan.chunk.produces_token, self.kv_cache, self.decode_trace)
 
     def _decode_inputs(self, plan: StepPlan) -> DecodeInputs:
         return DecodeInputs.build(plan.rows, self.num_slots, self.table_width, self.blocks_per_lane, self.layout)

@@ -2,9 +2,10 @@
 arguments only where the model is invoked (``to_contract_kwargs``).
 
 A prefill step is one ``prefill_forward``; a decode step, a verify step of speculative
-decoding and a block-output decode step are ``decode_forward`` calls of three kinds. ``call_builder.StepCalls`` builds every
-call; each kind has its result in ``step_results``. A new kind (pooling, a mixed step) adds its
-call here, its builder method, its result and its runner method, and changes none of these.
+decoding and a block-output decode step are ``decode_forward`` calls of three kinds; a mixed
+step is one ``mixed_forward``. ``call_builder.StepCalls`` builds every call; each kind has its result in ``step_results``. A new
+kind (pooling, say) adds its call here, its builder method, its result and its runner method, and
+changes none of these.
 """
 
 from __future__ import annotations
@@ -151,6 +152,32 @@ class DraftCall:
                   "page_table": self.inputs.page_table, "kv_cache": self.kv_cache, "num_drafts": self.num_drafts}
         if self.inputs.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = self.inputs.page_tables_per_layer
+        return kwargs
+
+
+@dataclass(frozen=True)
+class MixedCall:
+    """``mixed_forward`` of a mixed step: the decode rows as a host-sampled decode over the full
+    fixed batch and one prompt chunk as a one-row prefill (the contract's ``MIXED_KWARGS``),
+    read back in the call."""
+
+    decode: DecodeInputs
+    chunk: PrefillInputs
+    """One row: the chunk's tokens, start, page table(s) and slot."""
+    chunk_completes: bool
+    kv_cache: Any
+    enable_trace: bool
+
+    def to_contract_kwargs(self) -> dict[str, Any]:
+        decode, chunk = self.decode, self.chunk
+        kwargs: dict[str, Any] = {"tokens": decode.tokens, "start_pos": decode.start_pos, "page_table": decode.page_table,
+                                  "kv_cache": self.kv_cache, "enable_trace": self.enable_trace}
+        kwargs.update(chunk_tokens=chunk.tokens, chunk_start=int(chunk.start_pos[0]), chunk_page_table=chunk.page_table,
+                      chunk_slot=chunk.empty_slots[0], chunk_completes=self.chunk_completes)
+        if decode.page_tables_per_layer is not None:
+            kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
+        if chunk.page_tables_per_layer is not None:
+            kwargs["chunk_page_tables_per_layer"] = [t[:1] for t in chunk.page_tables_per_layer]
         return kwargs
 
 

@@ -43,6 +43,7 @@ from vllm_tt_platform.runner.step import StepPlan
 from vllm_tt_platform.runner.step_results import (
     BlockResult,
     DecodeResult,
+    MixedResult,
     PrefillResult,
     StepResult,
     VerifyResult,
@@ -99,6 +100,8 @@ class TTModelRunner:
         self._paged_drafter: PagedDrafter | None = None
         """``method: draft_model`` (the drafter checkpoint on the mesh) or ``mtp`` (the model's
         MTP module): a drafter with KV pages of its own, one per target block."""
+        self.mixed_shapes = setup.capabilities.mixed_shapes if config.mixed_steps else ()
+        """The mixed programs the model runs (``tt.mixed_steps``); empty: phase-pure steps only."""
         self.blocks = BlockOutput(config.block_tokens, self.max_model_len) if config.block_tokens > 1 else None
         """Adaptive block output (``tt.block_tokens``): decode steps may commit blocks."""
         self.device_watch = DeviceWatch(config.readback_timeout_s)
@@ -271,6 +274,7 @@ class TTModelRunner:
                     can_sample_on_device=mode is not None,
                     **(self._spec.warmup_kwargs() if self._spec is not None else {}),
                     **({BLOCK_KWARG: self.blocks.block_tokens} if self.blocks is not None else {}),
+                    **({"mixed_shapes": list(self.mixed_shapes)} if self.mixed_shapes else {}),
                 )
         report.log_summary()
 
@@ -291,7 +295,7 @@ class TTModelRunner:
         return None
 
     def _run_step(self, out: SchedulerOutput, kv_transfers: KVConnectorOutput | None) -> _PendingStep:
-        plan = StepPlan.build(out, self.batch)
+        plan = StepPlan.build(out, self.batch, mixed=bool(self.mixed_shapes))
         drafts = self._spec.step_drafts(out, plan) if self._spec is not None else {}
         limits = None
         if self.blocks is not None and plan.phase is Phase.DECODE:
@@ -303,6 +307,8 @@ class TTModelRunner:
         result: StepResult
         if plan.phase is Phase.PREFILL:
             result = self._prefill(calls, plan, sampling)
+        elif plan.phase is Phase.MIXED:
+            result = self._mixed(calls, plan)
         elif drafts:
             result = self._verify(calls, plan, sampling, drafts)
         elif limits is not None:
@@ -369,6 +375,15 @@ class TTModelRunner:
             raw = self.model.decode_forward(**call.to_contract_kwargs())
             return VerifyResult.read(self.model, raw, call)
 
+    def _mixed(self, calls: StepCalls, plan: StepPlan) -> MixedResult:
+        # Host-sampled: what is in flight is drained first, and the device keeps no token.
+        self.overlap.prepare_decode(self.batch, device_sampled=False, penalties=False, logprobs=False)
+        self.overlap.reset_batch(plan.rows, device_sampled=False)
+        call = calls.mixed(plan)
+        with self.device_watch.call("mixed step"):
+            raw = cast(TTModelExtras, self.model).mixed_forward(**call.to_contract_kwargs())
+            return MixedResult.read(self.model, raw, call)
+
     def _block(self, calls: StepCalls, plan: StepPlan, limits: dict[str, int]) -> BlockResult:
         self.overlap.reset_batch(plan.rows, device_sampled=False)  # the device keeps no token of a block step
         call = calls.block(plan, limits)
@@ -386,7 +401,7 @@ class TTModelRunner:
         match result:
             case InFlightStep():
                 return self.overlap.async_output(result, grammar_output)
-            case PrefillResult() | DecodeResult():
+            case PrefillResult() | DecodeResult() | MixedResult():
                 output = self.sampling.sampled(plan, result.output, grammar_output)
             case VerifyResult():
                 output = self.speculation.sampled(plan, result.output, result.drafts)

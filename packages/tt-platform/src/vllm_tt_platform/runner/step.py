@@ -1,9 +1,10 @@
 """``StepPlan``: what one engine step asks of the model, and the fixed-shape inputs for each
-kind of step (prefill, decode, verify).
+kind of step (prefill, decode, verify, mixed).
 
 A step is prefill-only or decode-only (:func:`vllm_tt_scheduler.step_phase` classifies it the
-same way the scheduler does); a scheduler output mixing the two raises ``MixedStepError``: it
-is a broken invariant, not something to filter.
+same way the scheduler does), or, for a model running mixed steps, decode rows and one prompt
+chunk; any other scheduler output mixing the two raises ``MixedStepError``: it is a broken
+invariant, not something to filter.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_tt_scheduler.lanes.shape import BlockNumbering
-from vllm_tt_scheduler.phase import Phase, leaves_prefill_pending, step_phase
+from vllm_tt_scheduler.phase import Phase, leaves_prefill_pending, prefill_rows, step_phase
 
 from vllm_tt_platform.runner.batch import PersistentBatch, RequestState
 from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
@@ -41,23 +42,36 @@ class ScheduledRow:
 class StepPlan:
     phase: Phase
     rows: list[ScheduledRow]
+    chunk: ScheduledRow | None = None
+    """A mixed step's prompt chunk (one of ``rows``; the others are its decode rows)."""
 
     @classmethod
-    def build(cls, out: SchedulerOutput, batch: PersistentBatch) -> StepPlan:
-        """Rows of ``out`` (after ``batch`` applied it); raises ``MixedStepError``.
+    def build(cls, out: SchedulerOutput, batch: PersistentBatch, mixed: bool = False) -> StepPlan:
+        """Rows of ``out`` (after ``batch`` applied it); raises ``MixedStepError`` (``mixed``:
+        the model runs mixed steps).
 
         Classifies with each row's record from its previous chunk, then records this chunk's
         (``RequestState.mid_prefill``) for the next step."""
-        phase = step_phase(out, {s.req_id for s in batch if s.mid_prefill})
+        mid_prefill = {s.req_id for s in batch if s.mid_prefill}
+        phase = step_phase(out, mid_prefill, mixed)
         # vLLM counts a row's drafts (or placeholders) among its scheduled tokens; they are not the
         # row's tokens: a verify step carries them apart, and a prefill row (one resumed after
         # preemption onto its cached prefix, say) computes none of its placeholders.
         drafts = out.scheduled_spec_decode_tokens
         rows = [ScheduledRow(batch.requests[req_id], n - len(drafts.get(req_id, ())))
                 for req_id, n in out.num_scheduled_tokens.items()]
+        chunk = None
+        if phase is Phase.MIXED:
+            (chunk_id,), _ = prefill_rows(out, mid_prefill)
+            chunk = next(r for r in rows if r.state.req_id == chunk_id)
         for row in rows:
             row.state.mid_prefill = not row.produces_token
-        return cls(phase, rows)
+        return cls(phase, rows, chunk)
+
+    @property
+    def decode_rows(self) -> list[ScheduledRow]:
+        """A mixed step's rows less its chunk (every row of another step)."""
+        return [r for r in self.rows if r is not self.chunk]
 
 
 def page_table(states: list[RequestState | None], width: int, blocks_per_lane: int,

@@ -5,14 +5,14 @@ kinds)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_tt_platform.runner.async_decode import InFlightStep
-from vllm_tt_platform.runner.calls import BlockCall, VerifyCall
-from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError
+from vllm_tt_platform.runner.calls import BlockCall, MixedCall, VerifyCall
+from vllm_tt_platform.runner.model_output import ModelOutput, ModelOutputError, parse
 from vllm_tt_platform.runner.step import ScheduledRow
 
 
@@ -28,6 +28,32 @@ class DecodeResult:
     """A decode read back in the step, one output row per slot."""
 
     output: ModelOutput
+
+
+@dataclass(frozen=True)
+class MixedResult:
+    """A mixed step's logits: one row per slot (its decode rows), then the chunk's row when the
+    chunk ended its prompt (``step_sampling`` reads the chunk's as the last row)."""
+
+    output: ModelOutput
+
+    @classmethod
+    def read(cls, model: Any, raw: Any, call: MixedCall) -> MixedResult:
+        """``mixed_forward``'s answer to ``call``: ``(decode logits [B, 1, V], chunk logits
+        [1, 1, V] or None)`` (model contract: ``MIXED_KWARGS``)."""
+        owner = f"{type(model).__qualname__}.mixed_forward"
+        if not isinstance(raw, tuple) or len(raw) != 2:
+            raise ModelOutputError(f"{owner} returned {type(raw).__name__}; expected (decode_logits, chunk_logits) "
+                                   "(model contract: MIXED_KWARGS)")
+        decode = parse(raw[0], sampled_on_device=False, owner=owner, rows=call.decode.tokens.shape[0])
+        logits = decode.logits
+        if call.chunk_completes:
+            chunk = parse(raw[1], sampled_on_device=False, owner=f"{owner} (chunk)", rows=1)
+            logits = torch.cat((cast(torch.Tensor, logits), cast(torch.Tensor, chunk.logits)))
+        elif raw[1] is not None:
+            raise ModelOutputError(f"{owner} returned chunk logits for a chunk that does not end its prompt; "
+                                   "expected None (model contract: MIXED_KWARGS)")
+        return cls(ModelOutput(logits=logits))
 
 
 @dataclass(frozen=True)
@@ -105,6 +131,6 @@ def committed_output(rows: list[ScheduledRow], tokens: list[list[int]]) -> Model
     )
 
 
-StepResult = PrefillResult | DecodeResult | VerifyResult | BlockResult | InFlightStep
+StepResult = PrefillResult | DecodeResult | MixedResult | VerifyResult | BlockResult | InFlightStep
 """What one step left for ``sample_tokens``; ``InFlightStep`` is an overlapped decode whose
 tokens vLLM resolves later (``async_decode``)."""

@@ -162,24 +162,30 @@ class HostDecoder:
     def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
                         lane_kv: LaneKV, inserts: PrefillInserts | None) -> torch.Tensor:
         """The hidden states after the last layer, ``[bucket, hidden]`` (the first ``n`` real)."""
+        x, per_layer, row = self._prefill_inputs(new_tokens, start, bucket, lane_kv, inserts)
+        for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
+            layer_input = None if per_layer is None else per_layer[:, index]
+            x = add_after_layer(self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input),
+                                inserts, index)
+        return x
+
+    def _prefill_inputs(self, new_tokens: torch.Tensor, start: int, bucket: int, lane_kv: LaneKV,
+                        inserts: PrefillInserts | None) -> tuple[torch.Tensor, torch.Tensor | None, PrefillPass]:
+        """What the first layer of a prefill row reads: the embeddings ``[bucket, hidden]``, the
+        ``_per_layer_inputs`` of them, and the row's ``PrefillPass``."""
         n = new_tokens.shape[0]
         end = start + n
         positions = start + torch.arange(bucket)
         ids = F.pad(new_tokens.long(), (0, bucket - n))
         size = paged_kv.block_size(lane_kv)
         x = insert_embeddings(self._embed(ids), inserts)
-        per_layer = self._per_layer_inputs(ids, x)
         row = PrefillPass(
             start=start, n=n, positions=positions,
             # Padding queries see what the last real one sees: their rows stay finite, unread.
             query_pos=positions.clamp(max=end - 1)[None], last_block=math.ceil(end / size), block_size=size,
             inserts=inserts,
         )
-        for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
-            layer_input = None if per_layer is None else per_layer[:, index]
-            x = add_after_layer(self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input),
-                                inserts, index)
-        return x
+        return x, self._per_layer_inputs(ids, x), row
 
     def _prefill_layer(self, index: int, layer: LayerWeights, x: torch.Tensor, layer_kv: list[torch.Tensor],
                        page_row: torch.Tensor, row: PrefillPass, layer_input: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,6 +225,36 @@ class HostDecoder:
         x = self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x))
         self._keep_hidden(x)
         return self._logits(x)
+
+    @torch.no_grad()
+    def mixed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_tables: Sequence[torch.Tensor],
+        kv: list[LaneKV],
+        rows_per_lane: int,
+        chunk: torch.Tensor,
+        start: int,
+        bucket: int,
+        page_rows: Sequence[torch.Tensor],
+        lane: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed step: ``decode``'s rows and one prefill row (``chunk [n]`` at ``start``,
+        padded to ``bucket``, in lane ``lane``) in one walk over the layers, each layer running
+        the decode rows, then the chunk; returns ``decode``'s ``[B, V]`` and ``prefill``'s
+        ``[V]``. The rows never read each other's KV, so the result is the two calls'."""
+        step = DecodeRows.of(positions, kv, rows_per_lane)
+        x = self._embed(tokens.long())
+        per_layer = self._per_layer_inputs(tokens.long(), x)
+        y, chunk_per_layer, row = self._prefill_inputs(chunk, start, bucket, kv[lane], None)
+        for index, layer in enumerate(self.weights.layers):
+            x = self._decode_layer(index, layer, x, step, page_tables[index], kv,
+                                   None if per_layer is None else per_layer[:, index])
+            y = self._prefill_layer(index, layer, y, kv[lane][index], page_rows[index], row,
+                                    None if chunk_per_layer is None else chunk_per_layer[:, index])
+        n = chunk.shape[0]
+        return self._logits(x), self._logits(y[n - 1 : n])[0]
 
     @torch.no_grad()
     def early_exit(

@@ -11,7 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_tt_host.models.frame.shapes import MAX_BLOCK_TOKENS, MAX_VERIFY_TOKENS, PREFILL_BUCKETS
+from vllm_tt_host.models.frame.shapes import (
+    MAX_BLOCK_TOKENS,
+    MAX_VERIFY_TOKENS,
+    MIXED_SHAPES,
+    PREFILL_BUCKETS,
+)
 
 DECODER: Mapping[str, Any] = {
     "supports_sample_on_device": True, "supports_async_decode": True, "supports_prefix_caching": True,
@@ -23,6 +28,10 @@ DECODER: Mapping[str, Any] = {
 SELF_DRAFTING: Mapping[str, Any] = {"max_block_tokens": MAX_BLOCK_TOKENS, "max_model_drafts": MAX_VERIFY_TOKENS - 1}
 """What a decoder whose every layer is attention adds: block output drafted by its own first
 layers, and the same drafter for vLLM's verify steps (``block_output``)."""
+
+MIXED: Mapping[str, Any] = {"mixed_shapes": [list(shape) for shape in MIXED_SHAPES]}
+"""What a text decoder whose layers are the frame's hooks adds: mixed steps (``mixed``), one
+walk over its layers running ``_decode_layer`` and ``_prefill_layer`` for each."""
 
 SLIDING: Mapping[str, Any] = {**DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
 """A decoder with sliding-window and full layers (hybrid KV)."""

@@ -26,7 +26,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import DelayPoint
 
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models.frame import block_output, mtp, paged_kv, verify
+from vllm_tt_host.models.frame import block_output, mixed, mtp, paged_kv, verify
 from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
@@ -327,6 +327,8 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
                 if kwargs.get(block_output.BLOCK_KWARG):  # block output: one block step shape
                     device.capture_trace(TraceKey.block(self.lanes.rows_per_lane, self.max_block_tokens),
                                          self._capture_s(None))
+                for shape in kwargs.get("mixed_shapes") or ():  # mixed steps: one program per shape
+                    device.capture_trace(TraceKey.mixed(*shape), self._capture_s(None))
                 if kwargs.get("verify_tokens"):  # speculative decoding: one verify shape per K
                     for sampled in (False, True) if can_sample_on_device else (False,):
                         key = TraceKey.verify(self.lanes.rows_per_lane, kwargs["verify_tokens"], sampled)
@@ -496,6 +498,29 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
         if read_from_device or not self.queue.deferred:
             return future.result()
         return DecodeHandle(future, sampling_params is not None, tokens.shape[0], self.config.vocab_size)
+
+    def mixed_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any,
+        kv_cache: list[LaneKV],
+        chunk_tokens: Any,
+        chunk_start: int,
+        chunk_page_table: Any,
+        chunk_slot: int,
+        chunk_completes: bool,
+        enable_trace: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """A mixed step (``mixed``): the decode rows as ``decode_forward`` takes them (host
+        sampled) and one prompt chunk as one ``prefill_forward`` row, in one program; returns
+        ``(decode logits [B, 1, V], chunk logits [1, 1, V] or None)``."""
+        return mixed.mixed_forward(
+            self, tokens, start_pos, page_table, kv_cache, chunk_tokens, chunk_start, chunk_page_table, chunk_slot,
+            chunk_completes, enable_trace, kwargs.get("page_tables_per_layer"),
+            kwargs.get("chunk_page_tables_per_layer"),
+        )
 
     def _decode_program(
         self, tokens: torch.Tensor, positions: torch.Tensor, tables: list[torch.Tensor], kv_cache: list[LaneKV],

@@ -84,6 +84,18 @@ class LaneLayout:
         context = (positions + 1).clamp(min=0).reshape(self.count, self.rows_per_lane).sum(dim=1)
         return max(costs.decode_s(int(tokens)) for tokens in context.tolist())
 
+    def mixed_s(self, costs: ProgramCosts, positions: torch.Tensor, chunk: PrefillRow) -> float:
+        """One mixed step: the chunk's lane runs its decode rows and the chunk in one program
+        (``ProgramCosts.mixed_s``), the other lanes a decode step, side by side."""
+        context = (positions + 1).clamp(min=0).reshape(self.count, self.rows_per_lane)
+        live = (positions >= 0).reshape(self.count, self.rows_per_lane).sum(dim=1).tolist()
+        per_lane = [
+            costs.mixed_s(int(tokens), live[lane], chunk.end - chunk.start, chunk.start) if lane == chunk.lane
+            else costs.decode_s(int(tokens))
+            for lane, tokens in enumerate(context.sum(dim=1).tolist())
+        ]
+        return max(per_lane)
+
     def verify_s(self, costs: ProgramCosts, start: torch.Tensor, valid: torch.Tensor) -> float:
         """One verify step: row ``r`` computes ``valid[r]`` positions from ``start[r]`` (-1 =
         padding), each lane on its own sub-mesh, side by side."""

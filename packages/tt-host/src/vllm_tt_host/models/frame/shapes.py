@@ -24,6 +24,11 @@ MAX_BLOCK_TOKENS = 8
 output), declared as ``max_block_tokens``."""
 
 
+MIXED_SHAPES: tuple[tuple[int, int], ...] = ((32, 32), (32, 128))
+"""The ``(decode rows, chunk tokens)`` programs a host decoder declares for mixed steps
+(``mixed_shapes``): up to 32 live decode rows beside a chunk of up to 32 or 128 tokens."""
+
+
 class HostModelInputError(ValueError):
     """A forward call's inputs do not fit the shapes the model was built for."""
 
@@ -57,7 +62,7 @@ class TraceKey:
     """One captured program shape on one (sub-)mesh."""
 
     phase: str
-    """``"prefill"``, ``"decode"``, ``"verify"``, ``"block"`` or ``"pool"``."""
+    """``"prefill"``, ``"decode"``, ``"verify"``, ``"block"``, ``"mixed"`` or ``"pool"``."""
     length: int
     """Padded tokens per row: the bucket for prefill, 1 for decode, ``1 + K`` for verify."""
     batch: int
@@ -89,6 +94,12 @@ class TraceKey:
         """A block-output decode step committing up to ``block_tokens`` tokens per row (the
         model drafts and verifies inside it; it ends in token selection)."""
         return cls("block", block_tokens, lane_batch, True)
+
+    @classmethod
+    def mixed(cls, decode_rows: int, chunk_tokens: int) -> TraceKey:
+        """A mixed step: up to ``decode_rows`` live decode rows and one prompt chunk of up to
+        ``chunk_tokens`` tokens in one program (``mixed_forward``)."""
+        return cls("mixed", chunk_tokens, decode_rows, False)
 
     def __str__(self) -> str:
         sampling = "+sampling" if self.device_sampling else ""

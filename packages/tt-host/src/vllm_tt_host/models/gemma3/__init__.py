@@ -3,7 +3,7 @@ vision-language model on it (SigLIP tower, pooled projector)."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import SLIDING, HostFamily
+from vllm_tt_host.models.frame.family import MIXED, SLIDING, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -12,5 +12,5 @@ FAMILY = HostFamily(
         "TTGemma3ForConditionalGeneration": "vl:HostGemma3ForConditionalGeneration",
     },
     tiny=("gemma3", "vllm_tt_testing.tiny_gemma3_vl"),
-    capabilities=dict.fromkeys(("TTGemma3ForCausalLM", "TTGemma3ForConditionalGeneration"), SLIDING),
+    capabilities={"TTGemma3ForCausalLM": {**SLIDING, **MIXED}, "TTGemma3ForConditionalGeneration": SLIDING},
 )

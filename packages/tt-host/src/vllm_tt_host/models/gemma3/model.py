@@ -37,6 +37,7 @@ from vllm_tt_host.models.frame.config import (
     refuse_unimplemented,
 )
 from vllm_tt_host.models.frame.decoder import HostDecoder
+from vllm_tt_host.models.frame.family import MIXED
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 from vllm_tt_host.models.frame.mlp import gated_mlp, gelu_tanh
 from vllm_tt_host.models.frame.norms import rms_norm
@@ -177,3 +178,4 @@ class HostGemma3ForCausalLM(HybridKVCausalLM):
     family = "gemma3"
     config_type: ClassVar[type[DecoderConfig]] = Gemma3Config
     decoder_type: ClassVar[type[HostDecoder]] = Gemma3Decoder
+    model_capabilities: ClassVar[dict[str, Any]] = {**HybridKVCausalLM.model_capabilities, **MIXED}

@@ -27,6 +27,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_host.models.frame.checkpoint import CheckpointError, DecoderWeights, WeightFolder
 from vllm_tt_host.models.frame.config import model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
+from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 from vllm_tt_host.models.frame.vision import computed_pixels, image_runs, live_images, per_row
@@ -234,6 +235,8 @@ class HostGemma3ForConditionalGeneration(HostGemma3ForCausalLM):
     config_type = Gemma3VLConfig
     decoder_type = Gemma3VLDecoder
     decoder: Gemma3VLDecoder
+    model_capabilities = HybridKVCausalLM.model_capabilities
+    """Gemma 3 text's less mixed steps: a mixed step's chunk carries no images."""
 
     def prefill_inserts(
         self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any]

@@ -50,6 +50,7 @@ from vllm_tt_host.models.frame.config import (
     refuse_unimplemented,
 )
 from vllm_tt_host.models.frame.decoder import HostDecoder
+from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 from vllm_tt_host.models.frame.mlp import gelu_tanh
 from vllm_tt_host.models.frame.moe import combine_experts
 from vllm_tt_host.models.frame.norms import rms_norm
@@ -417,4 +418,6 @@ class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
     family = "gemma4"
     config_type = Gemma4Config
     decoder_type = Gemma4Decoder
+    model_capabilities = HybridKVCausalLM.model_capabilities
+    """Gemma 3 text's less mixed steps (not proven for Gemma 4's KV-shared layers)."""
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from vllm_tt_host.models.frame.family import SELF_DRAFTING
+from vllm_tt_host.models.frame.family import MIXED, SELF_DRAFTING
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.pooling import DecoderPooling, HostDecoderClassifier
 
 
 class _LlamaStyleLM(DecoderPooling, HostCausalLM):
     model_capabilities: ClassVar[dict[str, Any]] = {
-        **HostCausalLM.model_capabilities, **SELF_DRAFTING, "supports_pooling": True,
+        **HostCausalLM.model_capabilities, **SELF_DRAFTING, **MIXED, "supports_pooling": True,
     }
 
 

@@ -114,7 +114,8 @@ class StepSampling:
         (verified on the device only when every row is greedy)."""
         rows = self.row_sampling(plan)
         decision = choose_sampling_path(rows, mode=self.mode, prefill=plan.phase is Phase.PREFILL, caps=self.caps,
-                                        always_compat=self.always_compat, verify=verify)
+                                        always_compat=self.always_compat, verify=verify,
+                                        mixed=plan.phase is Phase.MIXED)
         self.stats.record(decision)
         self._step += 1
         phase = plan.phase.value
@@ -166,8 +167,11 @@ class StepSampling:
 
 
 def _output_rows(plan: StepPlan, producing: Sequence[ScheduledRow]) -> torch.Tensor:
-    """Model output rows of ``producing``: slots for decode, plan order for prefill."""
+    """Model output rows of ``producing``: slots for decode, plan order for prefill; a mixed
+    step's decode rows by slot, its chunk the last row (``MixedResult``)."""
     if plan.phase is Phase.DECODE:
         return torch.tensor([r.state.slot for r in producing], dtype=torch.long)
+    if plan.phase is Phase.MIXED:
+        return torch.tensor([-1 if r is plan.chunk else r.state.slot for r in producing], dtype=torch.long)
     position = {id(r): i for i, r in enumerate(plan.rows)}
     return torch.tensor([position[id(r)] for r in producing], dtype=torch.long)
