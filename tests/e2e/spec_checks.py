@@ -194,15 +194,15 @@ SELF_DRAFTING_TEXTS = ("The scheduler", "A lane is", "Each trace", "one two thre
 
 
 @contextlib.contextmanager
-def self_drafting_server(log: Path, max_new_tokens: int, *args: str) -> Iterator[tuple[str, list[list[int]],
-                                                                                    list[list[int]]]]:
-    """``vllm serve`` of the tiny llama trained 200 steps (its half-depth drafter agrees now and
-    then) with ``args``: its URL, the prompts of ``SELF_DRAFTING_TEXTS`` and transformers' greedy
-    continuations of them."""
+def self_drafting_server(arch: str, log: Path, max_new_tokens: int,
+                         *args: str) -> Iterator[tuple[str, list[list[int]], list[list[int]]]]:
+    """``vllm serve`` of the tiny ``arch`` trained 200 steps (its half-depth drafter agrees now
+    and then) with ``args``: its URL, the prompts of ``SELF_DRAFTING_TEXTS`` and transformers'
+    greedy continuations of them."""
     from transformers import AutoTokenizer
     from vllm_tt_testing.checkpoints import cached_tiny
 
-    model_dir = cached_tiny("llama", 200)
+    model_dir = cached_tiny(arch, 200)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer.encode(t) for t in SELF_DRAFTING_TEXTS]
     with serve(model_dir, "--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",

@@ -33,7 +33,7 @@ MAX_NEW_TOKENS = 20
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("block_output") / "serve.log"
-    with self_drafting_server(log, MAX_NEW_TOKENS, "--additional-config.tt.block_tokens", str(BLOCK)) as served:
+    with self_drafting_server("llama", log, MAX_NEW_TOKENS, "--additional-config.tt.block_tokens", str(BLOCK)) as served:
         yield served
 
 

@@ -35,7 +35,7 @@ def server(tmp_path_factory):
 
     spec = json.dumps({"method": "custom_class", "model": MODEL_DRAFTS, "num_speculative_tokens": K})
     log = tmp_path_factory.mktemp("model_drafts") / "serve.log"
-    with self_drafting_server(log, MAX_NEW_TOKENS, "--speculative-config", spec) as (url, prompts, expected):
+    with self_drafting_server("llama", log, MAX_NEW_TOKENS, "--speculative-config", spec) as (url, prompts, expected):
         yield url, prompts, expected, log
 
 
