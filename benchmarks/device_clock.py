@@ -49,12 +49,16 @@ class StepCost:
 
         return roofline(self.costs, f"{self.spec}: {self.costs.description}")
 
-    def seconds(self, prefill_rows: list[tuple[int, int]], decode_context: int) -> float:
-        """``prefill_rows``: (new tokens, cached tokens) per row; ``decode_context``: KV
-        positions the decode rows read."""
-        stream = self.costs.decode_s(decode_context)
+    def seconds(self, prefill_rows: list[tuple[int, int]], decode_rows: int, decode_context: int) -> float:
+        """``prefill_rows``: (new tokens, cached tokens) per row; ``decode_rows`` read
+        ``decode_context`` KV positions in all. A step holding both is one mixed program
+        (``ProgramCosts.mixed_s``: one weight stream, every token's compute), for stock's mixed
+        steps as for a model's captured ones."""
         if not prefill_rows:
-            return float(stream)
+            return float(self.costs.decode_s(decode_context))
+        if decode_rows:
+            return float(self.costs.mixed_s(decode_context, decode_rows, prefill_rows))
+        stream = self.costs.decode_s(0)
         return float(max(stream, sum(self.costs.prefill_s(tokens, start) for tokens, start in prefill_rows)))
 
     def step_unit(self, trace: TraceSpec, rows: int) -> float:
@@ -78,7 +82,8 @@ class TimedResult:
     load: float
     scheduler: str
     """``stock``, ``tt-steps`` (the step-counted policy), ``tt-cost`` (the cost-aware one) or
-    ``tt-mixed`` (mixed steps of ``clock_bench.MIXED_CHUNKS``, the step-counted policy otherwise)."""
+    ``tt-mixed`` (mixed steps of ``clock_bench.MIXED_CHUNKS``, the step-counted policy otherwise) or
+    ``tt-mixed-slo`` (the same chunks sized to the ITL SLO, the cost-aware policy otherwise)."""
     prefill_hold: float | None
     slo_unit_ms: float
     ttft_mean_ms: float
@@ -125,15 +130,15 @@ class TimedDriver(TraceDriver):
     def stepped(self, record: Any) -> None:
         for req_id in record.preempted:
             self.computed[req_id] = 0  # resumes by recomputing its tokens
-        prefill, context = [], 0
+        prefill, decodes, context = [], 0, 0
         for req_id, tokens in record.scheduled.items():
             start = self.computed.get(req_id, 0)
             if tokens > 1 or start < self.prompts[req_id]:
                 prefill.append((tokens, start))
             else:
-                context += start
+                decodes, context = decodes + 1, context + start
             self.computed[req_id] = start + tokens
-        self.clock += self.cost.seconds(prefill, context)
+        self.clock += self.cost.seconds(prefill, decodes, context)
         self.ends[record.index] = self.clock
 
     def result(self) -> TimedResult:

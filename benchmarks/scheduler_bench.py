@@ -74,6 +74,8 @@ class Run:
     """``tt`` only: hand the scheduler this cost model (the cost-aware policy)."""
     mixed_shapes: tuple[tuple[int, int], ...] = ()
     """``tt`` only: the model runs mixed steps of these ``(decode rows, chunk tokens)`` shapes."""
+    itl_slo_ms: float = 0.0
+    """``tt`` with mixed shapes and a step cost: size mixed chunks to this ITL target (``tt.itl_slo_ms``)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def simulated_engine(run: Run, spec: TraceSpec) -> Any:
         record_step_cost(tt, run.step_cost.scheduler_model())
     if run.mixed_shapes:
         record_mixed_shapes(tt, run.mixed_shapes)
+    if run.itl_slo_ms:
+        tt["itl_slo_ms"] = run.itl_slo_ms
     config = SimConfig(
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,

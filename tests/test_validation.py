@@ -76,6 +76,11 @@ CASES = [
      {}, TTUnsupportedFeatureError, "--additional-config.tt.mixed_steps=True is not supported"),
     ("mixed-block", {"additional_config": _host(mixed_steps=True, block_tokens=4)}, {},
      TTUnsupportedFeatureError, "false with --additional-config.tt.block_tokens 4"),
+    # the SLO-aware chunk policy sizes mixed chunks by the step cost model's time
+    ("itl-slo-alone", {"additional_config": _host(itl_slo_ms=50.0)}, {},
+     TTUnsupportedFeatureError, "0 without tt.mixed_steps and tt.step_cost"),
+    ("itl-slo-no-cost", {"additional_config": _host(mixed_steps=True, itl_slo_ms=50.0)}, {},
+     TTUnsupportedFeatureError, "0 without tt.step_cost"),
     (  # n-gram speculation is served (tests/e2e/test_spec_decode.py); other methods are refused
         "spec-method",
         {"speculative_config": {"method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},

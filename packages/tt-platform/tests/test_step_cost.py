@@ -31,6 +31,10 @@ def test_roofline_reproduces_the_device_time_model(spec: str) -> None:
     for tokens in (16, 512, 1024):
         assert cost.prefill_s(tokens, 1) == pytest.approx(max(stream, costs.prefill_s(tokens, 0)), rel=1e-6)
         assert cost.prefill_s(2 * tokens, 2) == pytest.approx(max(stream, 2 * costs.prefill_s(tokens, 0)), rel=1e-6)
+    # The SLO-aware mixed chunk policy prices a mixed step as the host model's program does.
+    for context, chunk, start in ((0, 16, 0), (20_000, 512, 0), (20_000, 1024, 700)):
+        assert cost.mixed_s(32, context, chunk, start) == pytest.approx(
+            costs.mixed_s(context, 32, [(chunk, start)]), rel=1e-6)
 
 
 def test_fixed_duration_costs_every_program_the_same() -> None:

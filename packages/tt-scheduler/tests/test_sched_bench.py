@@ -43,21 +43,28 @@ def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
     assert "host cost TT/stock per step" in table and "| trace256 |" in table
 
 
-def test_clock_quick_run_reports_what_users_feel_for_four_schedulers_on_two_meshes(tmp_path: Path) -> None:
+def test_clock_quick_run_reports_what_users_feel_for_five_schedulers_on_two_meshes(tmp_path: Path) -> None:
     result, table = run_quick("clock_bench", tmp_path)
     assert result["schema_version"] == 1 and result["slo"] == {"ttft_decode_steps": 10.0, "itl_decode_steps": 1.25}
     rows = result["rows"]
     assert {(row["cost_model"], row["scheduler"]) for row in rows} == {
         (model, scheduler) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG")
-        for scheduler in ("stock", "tt-steps", "tt-cost", "tt-mixed")
+        for scheduler in ("stock", "tt-steps", "tt-cost", "tt-mixed", "tt-mixed-slo")
     }
     for row in rows:
         assert 0 < row["ttft_mean_ms"] <= row["ttft_p99_ms"] and 0 < row["itl_mean_ms"] <= row["itl_p99_ms"]
         assert 0 <= row["goodput"] <= 1 and row["slo_unit_ms"] > 0 and row["host_us_per_step"] > 0
-        assert (row["mixed_steps"] == 0) == (row["scheduler"] not in ("stock", "tt-mixed"))
+        assert (row["mixed_steps"] == 0) == (row["scheduler"] not in ("stock", "tt-mixed", "tt-mixed-slo"))
         assert (row["ttft_mean_ms_vs_stock"] is None) == (row["scheduler"] == "stock")
     assert {(c["cost_model"], c["scheduler"]) for c in result["targets"]} == {
         (model, scheduler) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG")
-        for scheduler in ("tt-steps", "tt-cost", "tt-mixed")
+        for scheduler in ("tt-steps", "tt-cost", "tt-mixed", "tt-mixed-slo")
     }
+    # Mixed steps' own targets at the quick run's load 0.9: TTFT and ITL bounds for the plain
+    # policy, goodput only for the SLO-aware one.
+    assert {(c["scheduler"], tuple(sorted(c))) for c in result["mixed_targets"]} == {
+        ("tt-mixed", ("cost_model", "goodput_ok", "itl_ok", "load", "scheduler", "ttft_ok")),
+        ("tt-mixed-slo", ("cost_model", "goodput_ok", "load", "scheduler")),
+    }
+    assert "| tt-mixed-slo |" in table and "Mixed steps' targets" in table
     assert "On the modelled device clock of llama-3.3-70b@TG" in table and "| tt-cost |" in table

@@ -115,6 +115,38 @@ def test_chunk_sizes_come_from_the_captured_shapes() -> None:
     assert shapes.chunk_for(9, 1) is None  # no shape holds 9 decode rows
 
 
+def test_an_itl_target_keeps_only_the_chunks_whose_step_fits_it() -> None:
+    shapes = MixedShapes(((4, 16), (4, 32), (4, 64)))
+    within = lambda chunk: chunk <= 32  # noqa: E731
+    assert shapes.chunk_for(3, 50, within) == 32  # 64 would cover it but its step is too long
+    assert shapes.chunk_for(3, 10, within) == 16  # the smallest that covers the need, as without a target
+    assert shapes.chunk_for(3, 50, lambda chunk: False) == 16  # none fits: the smallest, so the prompt progresses
+
+
+# A roofline where a decode step takes 10 ms and each prompt token 1 ms: a mixed step beside
+# the decodes is max(10 ms, (rows + chunk) ms).
+MS_ROOFLINE = {"program_s": 0.0, "weights_s": 0.01, "kv_s_per_token": 0.0, "prefill_s_per_token": 0.001,
+               "attention_s_per_token_pair": 0.0, "description": "1 ms per token"}
+
+
+@pytest.mark.parametrize(("itl_slo_ms", "chunks"), [(0, [32, 8]), (40, [32, 8]), (30, [16, 16, 8]), (5, [16, 16, 8])])
+def test_the_slo_aware_policy_sizes_chunks_by_the_step_cost_models_time(itl_slo_ms: float, chunks: list[int]) -> None:
+    tt = {"_mixed_shapes": SHAPES, "_step_cost": MS_ROOFLINE, "itl_slo_ms": itl_slo_ms}
+    sim = Engine(build_scheduler(TTScheduler, SimConfig(tt=tt)))
+    running = {"a": (8, 8), "b": (8, 8)}
+    records = decoding(sim, running)
+    sim.add(make_request("c", 40, 3))
+    records += sim.run(50)
+    # 2 decode rows + 32 tokens = 34 ms: within 40 ms, not 30 ms, where the 16 chunk (18 ms) fits;
+    # at 5 ms none fits, so the smallest; the last 8 tokens in a 16 program either way.
+    # (step_table folds repeated rows: its first column counts them.)
+    c_chunks = [row[4]["c"] for row in step_table(records) if row[4].get("c", 0) > 1 for _ in range(row[0])]
+    assert c_chunks == chunks
+    assert_exact(sim, {**running, "c": (40, 3)})
+    summary = sim.scheduler.policy_summary()
+    assert ("chunks sized to the ITL target" in summary) == bool(itl_slo_ms), summary
+
+
 def test_the_phase_check_accepts_a_mixed_step_only_for_a_mixed_model_and_one_chunk() -> None:
     def output(new: list[str], cached: list[str]) -> SimpleNamespace:
         return SimpleNamespace(

@@ -11,7 +11,8 @@ def test_defaults() -> None:
         DEFAULT_PREFILL_BURST, DEFAULT_PREFILL_HOLD, None
     )
     assert set(CONFIG_KEYS) == {
-        "prefill_burst", "prefill_hold", "block_tokens", "_prefill_trace_lens", "_step_cost", "_mixed_shapes"
+        "prefill_burst", "prefill_hold", "block_tokens", "itl_slo_ms", "_prefill_trace_lens", "_step_cost",
+        "_mixed_shapes",
     }
 
 

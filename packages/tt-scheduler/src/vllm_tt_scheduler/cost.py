@@ -38,6 +38,11 @@ class StepCostModel(Protocol):
         """A decode-only step of ``rows`` rows reading ``context`` KV positions in all."""
         ...
 
+    def mixed_s(self, rows: int, context: int, chunk: int, start: int) -> float:
+        """A mixed step: ``rows`` decode rows reading ``context`` KV positions and one prompt
+        chunk of ``chunk`` tokens after ``start`` cached ones, in one program."""
+        ...
+
 
 @dataclass(frozen=True)
 class RooflineStepCost:
@@ -86,6 +91,13 @@ class RooflineStepCost:
         if rows <= 0:
             return 0.0
         return self.program_s + self.weights_s + context * self.kv_s_per_token
+
+    def mixed_s(self, rows: int, context: int, chunk: int, start: int) -> float:
+        """One weight stream for both halves; the compute is every token's matmuls and each
+        row's attention (a decode row's query over its context, the chunk's as in a prefill)."""
+        compute = self.program_s + (rows + chunk) * self.prefill_s_per_token + self.attention_s_per_token_pair * (
+            context + chunk * (start + chunk / 2))
+        return max(self.decode_s(rows, context), compute)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

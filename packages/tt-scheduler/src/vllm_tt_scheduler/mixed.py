@@ -4,7 +4,9 @@ programs of those shapes (``SchedulerOptions.mixed_shapes``, ``(decode rows, chu
 A mixed step replaces the prefill step that would stall the decodes and the weight pass the
 decodes would then need of their own. The chunk is sized from the captured shapes, not from a
 token budget: the smallest chunk of a shape holding the step's decode rows that covers what the
-prompt still needs, else that shape's largest. As the phase passes do, one vLLM ``schedule()``
+prompt still needs, else that shape's largest; with an ITL target (``tt.itl_slo_ms``, the
+SLO-aware policy) only chunks whose modelled step fits the target are candidates (the smallest
+always is, so a prompt still progresses). As the phase passes do, one vLLM ``schedule()``
 call builds the step from what it is shown: the decodes and at most one prompt (the oldest
 partial prefill, or, with none, one admission), with a token budget of one token per decode
 plus the chunk. Steps with verify rows or block output never mix: the platform refuses
@@ -32,13 +34,16 @@ class MixedShapes:
 
     shapes: tuple[tuple[int, int], ...]
 
-    def chunk_for(self, decodes: int, need: int | None) -> int | None:
+    def chunk_for(self, decodes: int, need: int | None, fits: Callable[[int], bool] | None = None) -> int | None:
         """The chunk of a mixed step beside ``decodes`` decode rows for a prompt that still needs
-        ``need`` tokens (None: not known), or None when no shape holds that many decode rows."""
+        ``need`` tokens (None: not known), or None when no shape holds that many decode rows.
+        ``fits``: whether a step with that chunk meets the ITL target (None: every chunk does)."""
         rows = [d for d, _ in self.shapes if d >= decodes]
         if not rows:
             return None
         chunks = sorted(c for d, c in self.shapes if d == min(rows))
+        if fits is not None:
+            chunks = [c for c in chunks if fits(c)] or chunks[:1]
         return next((c for c in chunks if need is not None and c >= need), chunks[-1])
 
     def describe(self) -> str:

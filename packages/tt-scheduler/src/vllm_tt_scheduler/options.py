@@ -66,7 +66,15 @@ BLOCK_TOKENS = OptionSpec(
     "token a step). Needs a model declaring `max_block_tokens`; 0 (default) or 1: off. "
     "See docs/speculative-decoding.md.",
 )
-USER_OPTIONS: tuple[OptionSpec[Any], ...] = (PREFILL_BURST, PREFILL_HOLD, BLOCK_TOKENS)
+ITL_SLO_MS = OptionSpec(
+    "itl_slo_ms", float, default=0.0, minimum=0,
+    doc="SLO-aware mixed steps: the inter-token latency target in ms. Each mixed step's prompt "
+    "chunk is then the largest captured chunk whose modelled step time stays within it (at least "
+    "the smallest), so a prompt never stalls the decodes beyond the SLO. Needs `mixed_steps` and "
+    "`step_cost`; 0 (default): the chunk covers the prompt when a captured shape allows. "
+    "See docs/scheduling.md.",
+)
+USER_OPTIONS: tuple[OptionSpec[Any], ...] = (PREFILL_BURST, PREFILL_HOLD, BLOCK_TOKENS, ITL_SLO_MS)
 """The options users set; ``TTConfig`` declares one field from each."""
 
 DEFAULT_PREFILL_BURST: int = PREFILL_BURST.default
@@ -106,6 +114,9 @@ class SchedulerOptions:
     """The ``(decode rows, chunk tokens)`` mixed programs the model runs (``MIXED_SHAPES_KEY``;
     ``mixed``); empty: phase-pure steps only."""
 
+    itl_slo_ms: float = ITL_SLO_MS.default
+    """The ITL target a mixed step's chunk is sized to (``ITL_SLO_MS``); 0: off."""
+
     step_cost: RooflineStepCost | None = None
     """Modelled step times of the served model and mesh (``cost``): the phase policy then
     decides by time (``cost_policy``); None counts steps (``policy.PhasePolicy``)."""
@@ -122,6 +133,7 @@ class SchedulerOptions:
             prefill_burst=PREFILL_BURST.read(tt),
             prefill_hold=PREFILL_HOLD.read(tt),
             block_tokens=BLOCK_TOKENS.read(tt),
+            itl_slo_ms=ITL_SLO_MS.read(tt),
             prefill_chunk_cap=_chunk_cap(tt.get(PREFILL_TRACE_LENS_KEY)),
             mixed_shapes=_mixed_shapes(tt.get(MIXED_SHAPES_KEY, ())),
             step_cost=read_step_cost(tt),

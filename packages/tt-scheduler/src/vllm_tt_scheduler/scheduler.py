@@ -8,6 +8,7 @@ finishing); this layer only picks the phase of each step and lets vLLM's own
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
 
@@ -93,6 +94,8 @@ class PhaseScheduling(SchedulerBackports):
         else:
             policy = f"cost-aware policy, step cost model: {options.step_cost.description}"
         mixed = f"mixed steps: {self._mixed.describe()}" if self._mixed is not None else "mixed steps off"
+        if self._mixed is not None and options.itl_slo_ms:
+            mixed += f", chunks sized to the ITL target {options.itl_slo_ms:g} ms"
         return f"{policy}, prefill_burst={options.prefill_burst}, prefill chunk cap={cap}, {mixed}"
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
@@ -130,7 +133,17 @@ class PhaseScheduling(SchedulerBackports):
         if prompt is None or (prompt.sampling_params is not None and prompt.sampling_params.prompt_logprobs):
             return None
         need = prompt.num_tokens - prompt.num_computed_tokens if partials else (view.prompts or (None,))[0]
-        return self._mixed.chunk_for(view.decodes, need)
+        return self._mixed.chunk_for(view.decodes, need, self._within_itl_slo(view.decodes, prompt.num_computed_tokens))
+
+    def _within_itl_slo(self, decodes: int, start: int) -> Callable[[int], bool] | None:
+        """With an ITL target and a step cost model (the SLO-aware policy): whether a mixed step
+        of ``decodes`` rows and a chunk after ``start`` prompt tokens stays within the target."""
+        options = self.tt_options
+        cost = options.step_cost
+        if not options.itl_slo_ms or cost is None:
+            return None
+        context, slo_s = self._kv_tokens(), options.itl_slo_ms / 1e3
+        return lambda chunk: cost.mixed_s(decodes, context, chunk, start) <= slo_s
 
     def _waiting_head(self) -> Request | None:
         """The request vLLM's admission loop looks at first."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from vllm_tt_scheduler.options import BLOCK_TOKENS, PREFILL_BURST, PREFILL_HOLD, OptionSpec
+from vllm_tt_scheduler.options import BLOCK_TOKENS, ITL_SLO_MS, PREFILL_BURST, PREFILL_HOLD, OptionSpec
 
 from vllm_tt_platform import envs
 from vllm_tt_platform.config.pooling_shapes import parse_shapes
@@ -107,6 +107,7 @@ class TTConfig:
         "model's captured `mixed_shapes`, in one program, so prompts no longer stall decodes. Needs "
         "a model declaring `mixed_shapes`; not with lanes, speculative decoding or `block_tokens`. "
         "See docs/scheduling.md."))
+    itl_slo_ms: float = _scheduler_opt(ITL_SLO_MS)
     step_cost: str | None = field(default=None, metadata=option(
         "Step cost model handed to the phase scheduler, which then decides prefill versus decode "
         "and how many prompts share a prefill step by modelled device time (the cost-aware "

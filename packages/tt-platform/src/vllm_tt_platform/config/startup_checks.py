@@ -391,7 +391,16 @@ def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapa
                       lanes: int) -> None:
     """``tt.mixed_steps`` needs a model that captures mixed programs (``mixed_shapes``), one
     lane (the lane coordinator runs one phase over every lane), and no verify or block steps
-    (a mixed step's decode half is a plain decode's)."""
+    (a mixed step's decode half is a plain decode's). ``tt.itl_slo_ms`` sizes mixed steps'
+    chunks by modelled time, so it needs both ``tt.mixed_steps`` and ``tt.step_cost``."""
+    if config.itl_slo_ms and not (config.mixed_steps and config.step_cost):
+        missing = " and ".join(name for name, on in (("tt.mixed_steps", config.mixed_steps),
+                                                     ("tt.step_cost", config.step_cost)) if not on)
+        raise TTUnsupportedFeatureError(
+            "--additional-config.tt.itl_slo_ms", config.itl_slo_ms, f"0 without {missing}",
+            f"set {missing} (e.g. tt.step_cost served): the ITL target sizes mixed steps' prompt chunks "
+            "by the step cost model's time, or remove tt.itl_slo_ms",
+        )
     if not config.mixed_steps:
         return
     key = "--additional-config.tt.mixed_steps"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,16 +172,17 @@ class ProgramCosts:
         matmul = 2 * dims.streamed_params * query_tokens / (mesh.chip.matmul_flops * mesh.devices * mesh.matmul_efficiency)
         return max(decode, mesh.program_overhead_s + matmul + self._collectives_s(dims, mesh))
 
-    def mixed_s(self, context_tokens: int, decode_rows: int, chunk_tokens: int, chunk_start: int) -> float:
+    def mixed_s(self, context_tokens: int, decode_rows: int, chunks: Sequence[tuple[int, int]]) -> float:
         """One mixed step: ``decode_rows`` decode rows reading ``context_tokens`` KV positions
-        and one prompt chunk of ``chunk_tokens`` after ``chunk_start`` cached ones. The weights
-        are read once for both, so the step costs the larger of a decode step's DRAM time and
+        and prompt ``chunks`` of (tokens, cached tokens before them) in one program. The weights
+        are read once for all, so the step costs the larger of a decode step's DRAM time and
         the matmuls of every token with each row's attention (a decode row's query attends to
-        its context, the chunk's as in a prefill)."""
+        its context, a chunk's as in a prefill)."""
         if self.fixed_s is not None:
             return self.fixed_s
-        attended = context_tokens + chunk_tokens * (chunk_start + chunk_tokens / 2)
-        return max(self.decode_s(context_tokens), self._compute_s(decode_rows + chunk_tokens, attended))
+        attended = context_tokens + sum(tokens * (start + tokens / 2) for tokens, start in chunks)
+        tokens = decode_rows + sum(tokens for tokens, _ in chunks)
+        return max(self.decode_s(context_tokens), self._compute_s(tokens, attended))
 
     def prefill_s(self, tokens: int, start: int) -> float:
         """One prefill row of ``tokens`` new positions after ``start`` cached ones."""

@@ -90,7 +90,7 @@ class LaneLayout:
         context = (positions + 1).clamp(min=0).reshape(self.count, self.rows_per_lane)
         live = (positions >= 0).reshape(self.count, self.rows_per_lane).sum(dim=1).tolist()
         per_lane = [
-            costs.mixed_s(int(tokens), live[lane], chunk.end - chunk.start, chunk.start) if lane == chunk.lane
+            costs.mixed_s(int(tokens), live[lane], [(chunk.end - chunk.start, chunk.start)]) if lane == chunk.lane
             else costs.decode_s(int(tokens))
             for lane, tokens in enumerate(context.sum(dim=1).tolist())
         ]
