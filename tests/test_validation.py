@@ -68,9 +68,7 @@ CASES = [
     # --convert alone: vLLM turns it into --runner pooling first, the error still names --convert
     ("convert-alone", {"convert": "classify"}, {}, TTUnsupportedFeatureError, "--convert"),
     ("ray-dp", {"data_parallel_backend": "ray"}, {}, TTUnsupportedFeatureError, "--data-parallel-backend"),
-    # mixed steps: one lane, no verify or block steps beside them (docs/scheduling.md#mixed-steps)
-    ("mixed-lanes", {"data_parallel_size": 2, "additional_config": _host(mixed_steps=True)}, {"MESH_DEVICE": "N300"},
-     TTUnsupportedFeatureError, "--additional-config.tt.mixed_steps with lanes"),
+    # mixed steps: no verify or block steps beside them (docs/scheduling.md#mixed-steps)
     ("mixed-spec", {"additional_config": _host(mixed_steps=True),
                     "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}},
      {}, TTUnsupportedFeatureError, "--additional-config.tt.mixed_steps=True is not supported"),
@@ -426,7 +424,7 @@ def test_mixed_steps_need_a_model_declaring_mixed_shapes():
 
     config = TTConfig.from_sources({"mixed_steps": True}, environ={})
     with pytest.raises(TTUnsupportedFeatureError) as info:
-        check_mixed_steps(SimpleNamespace(speculative_config=None), config, ModelCapabilities(), "TTPlainForCausalLM", 1)
+        check_mixed_steps(SimpleNamespace(speculative_config=None), config, ModelCapabilities(), "TTPlainForCausalLM")
     assert "TTPlainForCausalLM, whose model_capabilities declare no mixed_shapes" in str(info.value)
     check_mixed_steps(SimpleNamespace(speculative_config=None), config,
-                      ModelCapabilities(mixed_shapes=((4, 32),)), "TTMixedForCausalLM", 1)
+                      ModelCapabilities(mixed_shapes=((4, 32),)), "TTMixedForCausalLM")

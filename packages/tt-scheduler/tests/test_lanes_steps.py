@@ -101,6 +101,48 @@ def test_all_lanes_run_the_same_phase() -> None:
     assert_greedy_and_clean(sim, lengths)
 
 
+MIXED = {"_mixed_shapes": [[4, 16], [4, 32]], "prefill_hold": 0}
+
+
+def test_a_mixed_model_computes_one_lanes_prompt_beside_every_lanes_decodes() -> None:
+    # The shapes' decode rows count the whole batch (2 lanes x 2 rows). c (lane 0: ties go to
+    # the lowest) is computed beside a's and b's decodes, 32 tokens then the 8 left; d (lane 1)
+    # waits for c's last chunk (one prompt per step, partial prefills first), then is computed
+    # in lane 1 beside every decode. No step stalls the decodes.
+    sim = engine(2, 2, runner=FakeRunner(mixed=True), tt=MIXED)
+    lengths = {"a": (8, 12), "b": (8, 12)}
+    add_all(sim, lengths)
+    records = sim.run(2)
+    lengths |= {"c": (40, 2), "d": (20, 2)}
+    add_all(sim, {"c": lengths["c"]})
+    records += sim.run(1)
+    add_all(sim, {"d": lengths["d"]})
+    records += sim.run(50)
+    assert lane_table(sim, records) == [
+        (1, "P", ((0, 1, {"a": 8}), (0, 1, {"b": 8})), (), ()),
+        (1, "D", ((0, 1, {"a": 1}), (0, 1, {"b": 1})), (), ()),
+        (1, "M", ((0, 2, {"a": 1, "c": 32}), (0, 1, {"b": 1})), (), ()),
+        (1, "M", ((0, 2, {"a": 1, "c": 8}), (1, 1, {"b": 1})), (), ()),
+        (1, "M", ((0, 2, {"a": 1, "c": 1}), (0, 2, {"b": 1, "d": 20})), ("c",), ()),
+        (1, "D", ((0, 1, {"a": 1}), (0, 2, {"b": 1, "d": 1})), ("d",), ()),
+        (5, "D", ((0, 1, {"a": 1}), (0, 1, {"b": 1})), (), ()),
+        (1, "D", ((0, 1, {"a": 1}), (0, 1, {"b": 1})), ("a", "b"), ()),
+        (1, "E", ((0, 0, {}), (0, 0, {})), (), ()),
+    ]
+    assert_greedy_and_clean(sim, lengths)
+
+
+def test_without_mixed_shapes_lanes_stay_phase_pure() -> None:
+    sim = engine(2, 2, tt={"prefill_hold": 0})
+    lengths = {"a": (8, 6), "b": (8, 6), "c": (40, 2)}
+    add_all(sim, {k: lengths[k] for k in "ab"})
+    records = sim.run(2)
+    add_all(sim, {"c": lengths["c"]})
+    records += sim.run(50)
+    assert {row[1] for row in lane_table(sim, records)} == {"P", "D", "E"}
+    assert_greedy_and_clean(sim, lengths)
+
+
 def test_new_requests_go_to_the_least_loaded_lane_and_stay() -> None:
     sim = engine(3, 2)
     coordinator = sim.scheduler

@@ -100,7 +100,7 @@ class PhaseScheduling(SchedulerBackports):
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         view = self.work_view()
-        chunk = self._mixed_chunk(view) if self._mixed is not None else None
+        chunk = self.mixed_chunk(view) if self._mixed is not None else None
         if chunk is not None:
             return self._mixed_step(view, chunk, throttle_prefills)
         plan = self.phase_policy.plan(view)
@@ -121,19 +121,21 @@ class PhaseScheduling(SchedulerBackports):
         self._trace.record(self._step_index - 1, phase, output, self, retried)
         return output
 
-    def _mixed_chunk(self, view: WorkView) -> int | None:
+    def mixed_chunk(self, view: WorkView, decodes: int | None = None) -> int | None:
         """The chunk of a mixed step now, or None for a phase-pure one: decodes run, a prompt
         is ready (a partial prefill, or an admission that fits), a captured shape holds the
         decode rows, and the prompt wants no prompt logprobs (a mixed step returns the chunk's
-        last logits only)."""
-        if self._mixed is None or not view.decodes or not (view.partials or view.admissible):
+        last logits only). ``decodes``: the step's decode rows (default: this scheduler's; the
+        lane coordinator passes every lane's)."""
+        decodes = view.decodes if decodes is None else decodes
+        if self._mixed is None or not decodes or not (view.partials or view.admissible):
             return None
         partials = self._current_partials()
         prompt = partials[0] if partials else self._waiting_head()
         if prompt is None or (prompt.sampling_params is not None and prompt.sampling_params.prompt_logprobs):
             return None
         need = prompt.num_tokens - prompt.num_computed_tokens if partials else (view.prompts or (None,))[0]
-        return self._mixed.chunk_for(view.decodes, need, self._within_itl_slo(view.decodes, prompt.num_computed_tokens))
+        return self._mixed.chunk_for(decodes, need, self._within_itl_slo(decodes, prompt.num_computed_tokens))
 
     def _within_itl_slo(self, decodes: int, start: int) -> Callable[[int], bool] | None:
         """With an ITL target and a step cost model (the SLO-aware policy): whether a mixed step
@@ -152,13 +154,17 @@ class PhaseScheduling(SchedulerBackports):
                 return queue.peek_request()
         return None
 
-    def _mixed_step(self, view: WorkView, chunk: int, throttle_prefills: bool) -> SchedulerOutput:
-        """One mixed pass (``mixed.mixed_pass``): the decodes and one prompt's ``chunk``."""
+    def run_mixed_pass(self, chunk: int, throttle_prefills: bool) -> tuple[SchedulerOutput, Phase]:
+        """One mixed pass (``mixed.mixed_pass``): the decodes and one prompt's ``chunk``, and
+        what it scheduled (MIXED; PREFILL when this scheduler has no decodes of its own)."""
         schedule = partial(self._vllm_schedule, True) if throttle_prefills else self._vllm_schedule
         partials = self._current_partials()
         output = mixed_pass(self, schedule, partials, chunk)
         self._partials = [request for request in self.running if request.is_prefill_chunk]
-        phase = scheduled_phase(output, partials[0] if partials else None)
+        return output, scheduled_phase(output, partials[0] if partials else None)
+
+    def _mixed_step(self, view: WorkView, chunk: int, throttle_prefills: bool) -> SchedulerOutput:
+        output, phase = self.run_mixed_pass(chunk, throttle_prefills)
         # A mixed step stalls no decode: for the policy it is a decode step.
         self.phase_policy.observe(Phase.DECODE if phase is Phase.MIXED else phase, view)
         self.end_step(phase)

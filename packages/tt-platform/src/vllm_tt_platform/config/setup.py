@@ -169,7 +169,7 @@ def configure(vllm_config: VllmConfig) -> None:
     check_kv_transfer(vllm_config, caps, setup.model.arch, setup.topology.lanes)
     check_speculation(vllm_config, caps, setup.model.arch)
     check_block_output(vllm_config, setup.config.block_tokens, caps, setup.model.arch)
-    check_mixed_steps(vllm_config, setup.config, caps, setup.model.arch, setup.topology.lanes)
+    check_mixed_steps(vllm_config, setup.config, caps, setup.model.arch)
     if vllm_config.speculative_config is not None:
         logger.info("Speculative decoding (%s): async decode overlap off (vLLM schedules drafts "
                     "synchronously: each step's drafts need the tokens the step before accepted).",

@@ -387,11 +387,10 @@ def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, .
     vllm_config.scheduler_config.disable_chunked_mm_input = True
 
 
-def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapabilities, arch: str,
-                      lanes: int) -> None:
-    """``tt.mixed_steps`` needs a model that captures mixed programs (``mixed_shapes``), one
-    lane (the lane coordinator runs one phase over every lane), and no verify or block steps
-    (a mixed step's decode half is a plain decode's). ``tt.itl_slo_ms`` sizes mixed steps'
+def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``tt.mixed_steps`` needs a model that captures mixed programs (``mixed_shapes``) and no
+    verify or block steps (a mixed step's decode half is a plain decode's). In lanes, one lane's
+    chunk runs beside every lane's decodes (``lanes.coordinator``). ``tt.itl_slo_ms`` sizes mixed steps'
     chunks by modelled time, so it needs both ``tt.mixed_steps`` and ``tt.step_cost``."""
     if config.itl_slo_ms and not (config.mixed_steps and config.step_cost):
         missing = " and ".join(name for name, on in (("tt.mixed_steps", config.mixed_steps),
@@ -409,11 +408,6 @@ def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapa
             key, True, f"false for {arch}, whose model_capabilities declare no mixed_shapes",
             "remove tt.mixed_steps, or serve a model whose mixed_forward runs decode rows and a prompt chunk "
             "(model contract: MIXED_KWARGS)",
-        )
-    if lanes > 1:
-        raise TTUnsupportedFeatureError(
-            f"{key} with lanes (--data-parallel-size)", lanes, "1 lane",
-            "remove --data-parallel-size or tt.mixed_steps: the lane coordinator runs one phase over every lane",
         )
     if vllm_config.speculative_config is not None:
         raise TTUnsupportedFeatureError(

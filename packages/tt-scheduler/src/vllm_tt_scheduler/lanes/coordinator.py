@@ -68,8 +68,18 @@ def _outcome(plan: Phase, tokens: int) -> Phase:
     return Phase.PREFILL if plan is Phase.EMPTY else plan
 
 
+def _mixed_outcome(phases: list[Phase], owner: int) -> Phase:
+    """What a mixed step over the lanes holds: the owner's chunk beside decode rows (its own or
+    another lane's) is MIXED, the chunk alone PREFILL, no chunk DECODE (or EMPTY)."""
+    decoded = phases[owner] is Phase.MIXED or any(p is Phase.DECODE for i, p in enumerate(phases) if i != owner)
+    if phases[owner] in (Phase.MIXED, Phase.PREFILL):
+        return Phase.MIXED if decoded else Phase.PREFILL
+    return Phase.DECODE if decoded or phases[owner] is Phase.DECODE else Phase.EMPTY
+
+
 class TTLaneCoordinator(SchedulerInterface):
-    """One phase scheduler per lane; every step is prefill-only, decode-only or empty for all.
+    """One phase scheduler per lane; every step is prefill-only, decode-only or empty for all
+    (or, for a model running mixed steps, one lane's prompt chunk beside every lane's decodes).
 
     A new request goes to the lane with the fewest unfinished requests (lowest index on a tie)
     and stays there, preempted or not. The step's phase comes from the same policy as the single
@@ -111,6 +121,7 @@ class TTLaneCoordinator(SchedulerInterface):
         self.numbering = BlockNumbering(kv_cache_config.num_blocks)
         options = self.lanes[0].tt_options
         self.phase_policy = PhasePolicy(options.prefill_burst, hold_ratio=options.prefill_hold)
+        self._mixed_steps = bool(options.mixed_shapes)
         self.last_phase = Phase.EMPTY
         # Read directly by vLLM's engine core; connectors are refused (requirements.py).
         self.connector = None
@@ -131,6 +142,9 @@ class TTLaneCoordinator(SchedulerInterface):
         lanes = self.lanes
         views = [lane.work_view() for lane in lanes]
         view = combine_views(views)
+        mixed = self._mixed_owner(views, view.decodes) if self._mixed_steps else None
+        if mixed is not None:
+            return self._mixed_step(view, views, *mixed, throttle_prefills)
         plan = self.phase_policy.plan(view)
         outputs, scheduled = self._passes(plan, views, throttle_prefills, None)
         retried = False
@@ -143,16 +157,54 @@ class TTLaneCoordinator(SchedulerInterface):
                             lane.admission_blocked()
                 outputs, _ = self._passes(fallback, views, throttle_prefills, outputs)
                 plan, retried = fallback, True
-        merged = merge_outputs(outputs, self.numbering)
         for lane, out in zip(lanes, outputs, strict=True):
             lane.end_step(_outcome(plan, 0 if out is None else out.total_num_scheduled_tokens))
+        return self._merged_step(outputs, plan, view, retried)
+
+    def _merged_step(self, outputs: list[SchedulerOutput | None], plan: Phase, view: WorkView,
+                     retried: bool) -> SchedulerOutput:
+        """The step the runner executes: the lanes' outputs merged, recorded and in flight."""
+        merged = merge_outputs(outputs, self.numbering)
         phase = _outcome(plan, merged.total_num_scheduled_tokens)
-        self.phase_policy.observe(phase, view)
+        # A mixed step stalls no decode: for the policy it is a decode step.
+        self.phase_policy.observe(Phase.DECODE if phase is Phase.MIXED else phase, view)
         self.last_phase = phase
         self._in_flight[id(merged)] = _Step(merged, tuple(outputs))
-        self._trace.record(self._step_index, phase, merged, outputs, lanes, retried)
+        self._trace.record(self._step_index, phase, merged, outputs, self.lanes, retried)
         self._step_index += 1
         return merged
+
+    def _mixed_owner(self, views: list[WorkView], decodes: int) -> tuple[int, int] | None:
+        """For a model running mixed steps: the lane whose prompt this step computes beside
+        every lane's decodes, and its chunk (lanes with a partial prefill first, then the lanes
+        in turn from this step's index), or None for a phase-pure step."""
+        count = len(self.lanes)
+        order = sorted(range(count), key=lambda i: (not views[i].partials, (i - self._step_index) % count))
+        for index in order:
+            chunk = self.lanes[index].mixed_chunk(views[index], decodes)
+            if chunk is not None:
+                return index, chunk
+        return None
+
+    def _mixed_step(self, view: WorkView, views: list[WorkView], owner: int, chunk: int,
+                    throttle_prefills: bool) -> SchedulerOutput:
+        """One mixed step over the lanes: ``owner`` runs a mixed pass (its decodes and one
+        prompt's ``chunk``), every other lane a decode pass; the model runs them as one mixed
+        program, the chunk in its lane's rows."""
+        outputs: list[SchedulerOutput | None] = []
+        phases: list[Phase] = []
+        for index, lane in enumerate(self.lanes):
+            if index == owner:
+                out, phase = lane.run_mixed_pass(chunk, throttle_prefills)
+            elif lane.idle_in(Phase.DECODE, views[index]):
+                out, phase = None, Phase.EMPTY
+            else:
+                out = lane.run_pass(Phase.DECODE, throttle_prefills)
+                phase = _outcome(Phase.DECODE, out.total_num_scheduled_tokens)
+            outputs.append(out)
+            phases.append(phase)
+            lane.end_step(phase)
+        return self._merged_step(outputs, _mixed_outcome(phases, owner), view, False)
 
     def _passes(
         self, plan: Phase, views: list[WorkView], throttle_prefills: bool,
