@@ -75,6 +75,7 @@ def test_user_options_declare_what_the_platform_derives_its_fields_from() -> Non
         ("prefill_burst", int, DEFAULT_PREFILL_BURST, 1),
         ("prefill_hold", float, DEFAULT_PREFILL_HOLD, 0),
         ("block_tokens", int, 0, 0),
+        ("itl_slo_ms", float, 0.0, 0),
     ]
     assert all(spec.doc for spec in USER_OPTIONS)
     assert set(CONFIG_KEYS) == {spec.name for spec in USER_OPTIONS} | {PREFILL_TRACE_LENS_KEY, STEP_COST_KEY,
