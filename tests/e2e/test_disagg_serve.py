@@ -70,7 +70,7 @@ def test_prefill_on_one_engine_decode_on_the_other(engines):
     assert_greedy_equal(prompts, got, hf_greedy(model_dir, prompts, MAX_NEW_TOKENS))
     # The prefill engine computed every prompt and stored its whole blocks, one file per layer.
     assert served_metric(prefill, "vllm:prompt_tokens_by_source_total", LOCAL_COMPUTE) == sum(LENGTHS)
-    folders = sorted(p for p in storage.iterdir() if not p.name.startswith("."))
+    folders = sorted(storage.iterdir())  # renamed into place whole: no partial folder is left
     assert len(folders) == len(prompts)
     assert all(sorted(f.name for f in folder.iterdir()) == [f"model.layers.{i}.self_attn.safetensors" for i in (0, 1)]
                for folder in folders)
