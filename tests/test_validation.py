@@ -53,6 +53,9 @@ CASES = [
      TTUnsupportedFeatureError, "LMCacheConnectorV1"),
     ("kv-shared-chunked", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_producer"}}, {},
      TTUnsupportedFeatureError, "--no-enable-chunked-prefill"),
+    ("kv-shared-recompute", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
+                                                    "kv_load_failure_policy": "recompute"}}, {},
+     TTUnsupportedFeatureError, "kv_load_failure_policy"),
     ("kv-shared-module", {"kv_transfer_config": {
         "kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
         "kv_connector_module_path": "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"}}, {},

@@ -80,7 +80,7 @@ def test_only_producers_store(tmp_path):
 @pytest.mark.parametrize("foreign", [False, True])
 def test_a_missing_or_foreign_folder_is_a_load_error(tmp_path, foreign):
     """No folder, or one of another block count (an engine with another block size): vLLM gets
-    the blocks as load errors, once (its kv_load_failure_policy fails or recomputes the request)."""
+    the blocks as load errors, once (its kv_load_failure_policy fails the request)."""
     consumer = _connector("kv_consumer", tmp_path, _cache(5))
     if foreign:  # 2 blocks stored under the key of a prompt that needs 3
         _step(_connector("kv_producer", tmp_path, _cache(4)), [4, 5], store=True, prompt=PROMPT[:33])

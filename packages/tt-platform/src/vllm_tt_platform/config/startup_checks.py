@@ -234,6 +234,13 @@ def _check_shared_storage(vllm_config: VllmConfig, kv: KVTransferConfig, caps: M
             "a model whose prefill starts after loaded blocks (supports_prefix_caching)",
             "serve a model that declares supports_prefix_caching",
         )
+    if kv.kv_load_failure_policy != "fail":
+        raise TTUnsupportedFeatureError(
+            "--kv-transfer-config kv_load_failure_policy", kv.kv_load_failure_policy,
+            "'fail' (vLLM's default): a request whose blocks did not load fails, the others go on",
+            "remove kv_load_failure_policy: the TT runner does not roll a request back to recompute "
+            "blocks whose load failed",
+        )
     if kv.is_kv_producer and vllm_config.scheduler_config.enable_chunked_prefill:
         raise TTUnsupportedFeatureError(
             f"--enable-chunked-prefill with --kv-transfer-config kv_connector={SHARED_STORAGE} "

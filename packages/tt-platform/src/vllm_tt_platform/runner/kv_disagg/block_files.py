@@ -53,8 +53,7 @@ class BlockFiles:
     def load(self, folder: str, block_ids: Sequence[int]) -> Any | None:
         """Queue the copy of ``folder``'s blocks into ``block_ids`` (ahead of the forward that
         reads them); the device handle, or None when the folder does not hold this model's
-        layers for that many blocks (vLLM then recomputes or fails the request, by its
-        ``kv_load_failure_policy``)."""
+        layers for that many blocks (vLLM then fails the request: ``kv_load_failure_policy``)."""
         files = [self._file(folder, layer) for layer in self.pages.layers_of(GROUP)]
         if not block_ids or not all(os.path.exists(f) for f in files):
             return None
