@@ -45,7 +45,7 @@ FEATURES: dict[str, Feature] = {
     "supports_device_penalties": Feature("Device penalties", "sampling.md#which-batches-sample-on-the-device"),
     "max_device_logprobs": Feature("Device logprobs (top n)", "sampling.md#logprobs"),
     "supports_prompt_logprobs": Feature("Prompt logprobs", "sampling.md#prompt-logprobs"),
-    "supports_kv_transfer": Feature("KV offload to host memory", "kv-offload.md"),
+    "supports_kv_transfer": Feature("KV offload to host memory, disaggregated prefill/decode", "kv-offload.md"),
     "supports_verify_decode": Feature("Speculative decoding (verify steps)", "speculative-decoding.md"),
     "max_verify_tokens": Feature("Longest verify step (1 + K)", "speculative-decoding.md#limits"),
     "supports_mtp": Feature("MTP speculation (the checkpoint's MTP module)",
@@ -128,6 +128,12 @@ PROOFS: tuple[Proof, ...] = (
     Proof("supports_kv_transfer", f"{_E2E}/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
           ("llama",), "--kv-offloading-size: prefixes evicted from a 12-block device pool load back from host memory; "
           "outputs equal transformers"),
+    Proof("supports_kv_transfer", f"{_E2E}/test_disagg_serve.py::test_prefill_on_one_engine_decode_on_the_other",
+          ("llama",), "prefill on one vllm serve, decode on another (ExampleConnector, a router in front): outputs "
+          "equal transformers, the decode engine computed only each prompt's tail"),
+    Proof("supports_kv_transfer", f"{_E2E}/test_disagg_kv_kinds.py::test_kv_kind_round_trips_between_engines",
+          ("gemma3", "deepseek_v3"), "sliding-window, full and latent-attention blocks stored by one engine and "
+          "loaded by another: outputs equal transformers"),
     Proof("single_program_lanes",
           f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
           ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),

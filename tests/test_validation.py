@@ -47,9 +47,19 @@ CASES = [
     ("pp", {"pipeline_parallel_size": 2}, {}, TTUnsupportedFeatureError, "--pipeline-parallel-size"),
     ("lora", {"enable_lora": True}, {}, TTUnsupportedFeatureError, "--enable-lora"),
     ("sleep-mode", {"enable_sleep_mode": True}, {}, TTUnsupportedFeatureError, "--enable-sleep-mode"),
-    # KV offloading is served (tests/e2e/test_kv_offload.py); every other connector is refused by name
-    ("kv-transfer", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}, {},
-     TTUnsupportedFeatureError, "ExampleConnector"),
+    # KV offloading (tests/e2e/test_kv_offload.py) and the shared-storage connector
+    # (tests/e2e/test_disagg_serve.py) are served; every other connector is refused by name
+    ("kv-transfer", {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}}, {},
+     TTUnsupportedFeatureError, "LMCacheConnectorV1"),
+    ("kv-shared-chunked", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_producer"}}, {},
+     TTUnsupportedFeatureError, "--no-enable-chunked-prefill"),
+    ("kv-shared-recompute", {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
+                                                    "kv_load_failure_policy": "recompute"}}, {},
+     TTUnsupportedFeatureError, "kv_load_failure_policy"),
+    ("kv-shared-module", {"kv_transfer_config": {
+        "kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
+        "kv_connector_module_path": "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"}}, {},
+     TTUnsupportedFeatureError, "kv_connector_module_path"),
     ("kv-nixl", {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"}}, {},
      TTUnsupportedFeatureError, "NixlConnector"),
     ("kv-lmcache", {"kv_offloading_size": 1.0, "kv_offloading_backend": "lmcache"}, {},
@@ -285,6 +295,63 @@ def test_kv_offloading_selects_the_tt_transfer_handler(llama):
     assert kv is not None and kv.kv_connector == "OffloadingConnector" and kv.kv_role == "kv_both"
     assert {**kv.kv_connector_extra_config, "cpu_bytes_to_use": None} == {**SPEC_KEYS, "cpu_bytes_to_use": None}
     assert kv.kv_connector_extra_config["cpu_bytes_to_use"] == 0.5 * (1 << 30)
+
+
+def test_shared_storage_connector_selects_the_tt_worker_side(llama, tmp_path):
+    """``--kv-transfer-config`` with vLLM's ExampleConnector keeps its name and scheduler side;
+    the factory builds the TT subclass, and vLLM turns the hybrid KV manager off for it."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config.kv_transfer import CONNECTOR_MODULES
+
+    for role, chunked in (("kv_producer", False), ("kv_both", False), ("kv_consumer", True)):
+        kv_config = {"kv_connector": "ExampleConnector", "kv_role": role,
+                     "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+        config = EngineArgs(model=str(llama), max_model_len=256, max_num_batched_tokens=256, additional_config=HOST,
+                            enable_chunked_prefill=chunked, kv_transfer_config=kv_config).create_engine_config()
+        kv = config.kv_transfer_config
+        assert kv is not None and kv.kv_connector_module_path == CONNECTOR_MODULES["ExampleConnector"]
+        cls = KVConnectorFactory.get_connector_class(kv)
+        assert cls.__module__ == CONNECTOR_MODULES["ExampleConnector"] and issubclass(cls, ExampleConnector)
+        assert config.scheduler_config.disable_hybrid_kv_cache_manager is True
+        assert config.scheduler_config.enable_chunked_prefill is chunked
+
+
+def test_a_refused_connector_is_told_what_is_served(llama):
+    from vllm.engine.arg_utils import EngineArgs
+
+    kv_config = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                   kv_transfer_config=kv_config).create_engine_config()
+    message = str(info.value)
+    assert "NixlConnector" in message and "OffloadingConnector" in message and "ExampleConnector" in message
+
+
+@pytest.mark.parametrize(("caps", "refused"), [
+    ({"kv_cache_kinds": ("full_attention", "recurrent_state")}, "recurrent_state"),  # Qwen 3.5's gated delta-net
+    ({"kv_cache_kinds": ("full_attention", "cross_attention")}, "cross_attention"),  # Mllama's vision keys
+    ({"supports_prefix_caching": False}, "supports_prefix_caching"),
+    ({"supports_kv_transfer": False}, "supports_kv_transfer"),
+    ({"kv_cache_kinds": ("full_attention", "sliding_window")}, None),  # one group with the hybrid manager off
+    ({"kv_cache_kinds": ("mla",)}, None),
+])
+def test_shared_storage_connector_needs_kv_it_can_carry(llama, caps, refused):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_models_registry.capabilities import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_kv_transfer
+
+    kv_config = {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"}
+    config = EngineArgs(model=str(llama), max_model_len=256, additional_config=HOST,
+                        kv_transfer_config=kv_config).create_engine_config()
+    capabilities = ModelCapabilities(**{"supports_kv_transfer": True, "supports_prefix_caching": True, **caps})
+    if refused is None:
+        check_kv_transfer(config, capabilities, "TinyForCausalLM", 1)
+        return
+    with pytest.raises(TTUnsupportedFeatureError) as info:
+        check_kv_transfer(config, capabilities, "TinyForCausalLM", 1)
+    assert refused in str(info.value) and "TinyForCausalLM" in str(info.value)
 
 
 def test_config_alone_chooses_the_host_backend_for_vllms_registry_too(llama, monkeypatch):

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import numpy as np
 import torch
 from vllm.v1.kv_offload.base import GPULoadStoreSpec
@@ -12,42 +10,10 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout, LayerKV
 from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages
 from vllm_tt_platform.runner.kv_offload.worker import TTOffloadingWorker
+from vllm_tt_testing.block_copies import BlockCopyModel
 
 BLOCKS = 10
 SHAPE = (BLOCKS, 2, 16, 4)
-
-
-class BlockCopyModel:
-    """The contract's two copy members over ``kv[0][layer] = [K, V]``; each copy completes when
-    the test says (``release``), as a device copy completes when the device gets to it."""
-
-    def __init__(self, manual: bool = False) -> None:
-        self.manual = manual
-        self.pending: list[tuple[Future, object]] = []
-
-    def _submit(self, work):
-        future: Future = Future()
-        if self.manual:
-            self.pending.append((future, work))
-        else:
-            future.set_result(work())
-        return future
-
-    def release(self) -> None:
-        for future, work in self.pending:
-            future.set_result(work())
-        self.pending.clear()
-
-    def read_kv_blocks(self, kv_cache, lane, layers, block_ids):
-        return self._submit(lambda: [[t[block_ids].clone() for t in kv_cache[lane][layer]] for layer in layers])
-
-    def write_kv_blocks(self, kv_cache, lane, layers, block_ids, pages):
-        def work() -> None:
-            for layer, tensors in zip(layers, pages, strict=True):
-                for target, page in zip(kv_cache[lane][layer], tensors, strict=True):
-                    target[block_ids] = page
-
-        return self._submit(work)
 
 
 def _layout() -> KVLayout:

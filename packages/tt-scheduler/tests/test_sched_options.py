@@ -74,11 +74,12 @@ def test_unsupported_vllm_features_are_refused() -> None:
     from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
 
     vllm_config = build_vllm_config(SimConfig())
-    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
-    with pytest.raises(ValueError, match="KV connector ExampleConnector is not supported"):
+    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")
+    with pytest.raises(ValueError, match="KV connector NixlConnector is not supported"):
         check_vllm_config(vllm_config, Options(), 64)
-    vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both")
-    check_vllm_config(vllm_config, Options(), 64)  # its per-pass metadata merges (carry.py)
+    for served in ("OffloadingConnector", "ExampleConnector"):  # their per-pass metadata merges (carry.py)
+        vllm_config.kv_transfer_config = KVTransferConfig(kv_connector=served, kv_role="kv_both")
+        check_vllm_config(vllm_config, Options(), 64)
 
 
 def test_a_discarded_pass_hands_its_kv_connector_jobs_on() -> None:
@@ -102,6 +103,27 @@ def test_a_discarded_pass_hands_its_kv_connector_jobs_on() -> None:
     merged = carry_over(discarded, kept).kv_connector_metadata
     assert isinstance(merged, OffloadingConnectorMetadata)
     assert (merged.load_jobs, merged.store_jobs, merged.jobs_to_flush) == ({1: load}, {2: store}, {4})
+
+
+def test_a_discarded_pass_hands_its_shared_storage_requests_on() -> None:
+    """The shared-storage connector's loads and stores of both passes reach the runner."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnectorMetadata
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm_tt_scheduler.carry import carry_over
+
+    def output(*stores: bool) -> SchedulerOutput:
+        out = SchedulerOutput.make_empty()
+        meta = ExampleConnectorMetadata()
+        for store in stores:
+            meta.add_request(token_ids=list(range(9)), block_ids=[3, 4], block_size=4, is_store=store, mm_hashes=[])
+        out.kv_connector_metadata = meta
+        return out
+
+    merged = carry_over(output(False), output(True)).kv_connector_metadata
+    assert isinstance(merged, ExampleConnectorMetadata)
+    assert [r.is_store for r in merged.requests] == [False, True]
+    assert torch.equal(merged.requests[0].slot_mapping, torch.arange(12, 20))
 
 
 def test_speculative_decoding_is_accepted() -> None:

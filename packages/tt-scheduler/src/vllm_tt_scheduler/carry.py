@@ -11,6 +11,7 @@ type is known (``MERGEABLE_CONNECTORS``); the scheduler refuses other connectors
 
 from __future__ import annotations
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata
 from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -41,17 +42,25 @@ def carry_over(discarded: SchedulerOutput, kept: SchedulerOutput) -> SchedulerOu
     return kept
 
 
-MERGEABLE_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
+MERGEABLE_CONNECTORS: tuple[str, ...] = ("OffloadingConnector", "ExampleConnector")
 """vLLM KV connectors whose per-pass metadata ``carry_over`` merges."""
 
 
-def _merged_connector_metadata(discarded: object, kept: object) -> OffloadingConnectorMetadata:
-    """The offloading connector's jobs of both passes (job ids are unique per scheduler)."""
-    if not isinstance(discarded, OffloadingConnectorMetadata) or not isinstance(kept, OffloadingConnectorMetadata):
-        raise TypeError(f"cannot merge KV connector metadata {type(discarded).__name__} into {type(kept).__name__}")
-    flush = (discarded.jobs_to_flush or set()) | (kept.jobs_to_flush or set())
-    return OffloadingConnectorMetadata(
-        load_jobs={**discarded.load_jobs, **kept.load_jobs},
-        store_jobs={**discarded.store_jobs, **kept.store_jobs},
-        jobs_to_flush=flush or None,
-    )
+def _merged_connector_metadata(discarded: object, kept: object) -> KVConnectorMetadata:
+    """The offloading connector's jobs of both passes (job ids are unique per scheduler), or
+    the shared-storage connector's requests of both (each pass lists the requests it
+    scheduled)."""
+    if isinstance(discarded, OffloadingConnectorMetadata) and isinstance(kept, OffloadingConnectorMetadata):
+        flush = (discarded.jobs_to_flush or set()) | (kept.jobs_to_flush or set())
+        return OffloadingConnectorMetadata(
+            load_jobs={**discarded.load_jobs, **kept.load_jobs},
+            store_jobs={**discarded.store_jobs, **kept.store_jobs},
+            jobs_to_flush=flush or None,
+        )
+    # Imported here: vLLM's example connector module pulls in its attention layers, which only
+    # an engine running that connector (and so having imported them already) needs.
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnectorMetadata
+
+    if isinstance(discarded, ExampleConnectorMetadata) and isinstance(kept, ExampleConnectorMetadata):
+        return ExampleConnectorMetadata(requests=discarded.requests + kept.requests)
+    raise TypeError(f"cannot merge KV connector metadata {type(discarded).__name__} into {type(kept).__name__}")

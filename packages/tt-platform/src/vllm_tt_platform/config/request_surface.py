@@ -57,7 +57,8 @@ REQUEST_SURFACE: tuple[Entry, ...] = (
         "use_beam_search", "length_penalty")),
     Entry(F, "the prefix-cache key salt is hashed by vLLM's front end into the block hashes", ("cache_salt",)),
     # --- irrelevant to a TT server -------------------------------------------------------------
-    Entry(N, "KV / encoder-cache transfer between servers; --kv-transfer-config is refused at startup", (
+    Entry(N, "KV / encoder-cache transfer handles of NIXL-style connectors (refused at startup); the served "
+             "shared-storage connector keys KV by the prompt's tokens", (
         "kv_transfer_params", "ec_transfer_params")),
     Entry(N, "prompt embeddings; --enable-prompt-embeds is refused at startup", ("prompt_embeds",)),
     # --- accepted but ignored or unverified on TT: the to-do list -----------------------------

@@ -67,6 +67,9 @@ SURFACE: tuple[Entry, ...] = (
     Entry(W, _KNOBS + "test_high_priority_requests_start_first_on_a_saturated_server", ("scheduling_policy",)),
     Entry(W, "tests/e2e/test_kv_offload.py::test_evicted_prefixes_come_back_from_host_memory",
           ("kv_offloading_size", "kv_offloading_backend")),
+    # ExampleConnector (P/D over shared storage); every connector but it and OffloadingConnector
+    # is refused by startup_checks.check_kv_transfer
+    Entry(W, "tests/e2e/test_disagg_serve.py::test_prefill_on_one_engine_decode_on_the_other", ("kv_transfer_config",)),
     # the parser splits reasoning from content; its reasoning config is what thinking_token_budget forces
     Entry(W, "tests/e2e/test_reasoning_serve.py::"
           "test_budget_ends_the_think_section_and_the_parser_splits_reasoning_from_content",
@@ -75,8 +78,6 @@ SURFACE: tuple[Entry, ...] = (
     Entry(R, _FEATURES, ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
                          "data_parallel_backend", "enable_sleep_mode",
                          "enable_prompt_embeds", "enable_lora")),
-    # every connector but vLLM's OffloadingConnector, which --kv-offloading-size selects
-    Entry(R, "vllm_tt_platform.config.startup_checks:check_kv_transfer", ("kv_transfer_config",)),
     Entry(R, _FEATURES, prefix="lora_"),
     Entry(R, _FEATURES, ("max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
                          "default_mm_loras", "specialize_active_lora", "enable_tower_connector_lora",

@@ -12,13 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
-from vllm_tt_platform.config.kv_transfer import SPEC_KEYS, resolved_kv_transfer, select_spec
+from vllm_tt_platform.config.kv_transfer import (
+    CONNECTOR_MODULES,
+    NOT_ROUND_TRIPPED_KINDS,
+    OFFLOADING,
+    SHARED_STORAGE,
+    SPEC_KEYS,
+    resolved_kv_transfer,
+    select_connector_module,
+    select_spec,
+)
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.envs import VLLM_TARGET_DEVICE, VLLM_USE_V2_MODEL_RUNNER
 from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 
 if TYPE_CHECKING:
-    from vllm.config import SpeculativeConfig, VllmConfig
+    from vllm.config import KVTransferConfig, SpeculativeConfig, VllmConfig
 
 TT_DEVICE_NAMES = ("", "tt")
 
@@ -156,11 +165,11 @@ def check_runner(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) ->
 
 
 def check_kv_transfer(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str, lanes: int) -> None:
-    """A KV connector is served only when it is vLLM's ``OffloadingConnector`` with the TT
-    transfer handler, for a model that copies KV blocks to the host, on one lane; then the
-    handler is selected (``select_spec``). Every other connector copies blocks in vLLM's own
-    tensor layout (or through its own transfer engine), while the TT KV cache lives on the mesh
-    in the model's: refused here, by name, before any device work."""
+    """A KV connector is served when it is one of ``SERVED_CONNECTORS`` with its TT worker side,
+    for a model that copies KV blocks to the host, on one lane; then that worker side is
+    selected. Every other connector copies blocks in vLLM's own tensor layout (or through its
+    own transfer engine), while the TT KV cache lives on the mesh in the model's: refused here,
+    by name, before any device work."""
     kv = resolved_kv_transfer(vllm_config)
     if kv is None:
         return
@@ -168,33 +177,80 @@ def check_kv_transfer(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
     if connector not in SERVED_CONNECTORS:
         raise TTUnsupportedFeatureError(
             "KV connector (--kv-transfer-config kv_connector / --kv-offloading-backend)", connector,
-            f"{', '.join(SERVED_CONNECTORS)} (--kv-offloading-size <GiB> with the native backend)",
+            f"{OFFLOADING} (--kv-offloading-size <GiB> with the native backend) or {SHARED_STORAGE} "
+            "(--kv-transfer-config, disaggregated prefill/decode over shared storage)",
             "serve KV offloading with --kv-offloading-size <GiB> (--kv-offloading-backend native, "
-            "VLLM_USE_SIMPLE_KV_OFFLOAD unset); other connectors (P/D, LMCache, NIXL, shared storage) "
-            "read vLLM's GPU tensors, which the TT KV cache is not (docs/kv-offload.md)",
+            f"VLLM_USE_SIMPLE_KV_OFFLOAD unset) and disaggregated prefill/decode with {SHARED_STORAGE}; "
+            "the other connectors (NIXL, Mooncake, LMCache, ...) read vLLM's GPU tensors, which the TT KV "
+            "cache is not (docs/disaggregation.md)",
         )
-    spec = kv.kv_connector_extra_config.get("spec_name", SPEC_KEYS["spec_name"])
-    if spec != SPEC_KEYS["spec_name"]:
+    module = CONNECTOR_MODULES.get(connector)
+    if kv.kv_connector_module_path not in (None, module):
         raise TTUnsupportedFeatureError(
-            "--kv-transfer-config kv_connector_extra_config.spec_name", spec, SPEC_KEYS["spec_name"],
-            "remove spec_name and spec_module_path: the TT platform selects its own transfer handler",
+            "--kv-transfer-config kv_connector_module_path", kv.kv_connector_module_path,
+            f"unset ({connector} is served by the TT platform's own worker side)",
+            "remove kv_connector_module_path: a connector module of your own reads vLLM's GPU tensors",
         )
+    setting = "--kv-offloading-size" if connector == OFFLOADING else "--kv-transfer-config"
     if not caps.supports_kv_transfer:
         raise TTUnsupportedFeatureError(
-            "--kv-offloading-size", "set", f"unset for {arch}, whose model_capabilities do not declare "
-            "supports_kv_transfer", "remove --kv-offloading-size, or serve a model whose contract implements "
+            setting, connector, f"unset for {arch}, whose model_capabilities do not declare "
+            "supports_kv_transfer", f"remove {setting}, or serve a model whose contract implements "
             "read_kv_blocks and write_kv_blocks",
         )
     if lanes > 1:
         raise TTUnsupportedFeatureError(
-            "--kv-offloading-size with lanes (--data-parallel-size)", lanes, "1 lane",
-            "remove --data-parallel-size or --kv-offloading-size: the lane scheduler keeps one KV "
-            "pool per lane, vLLM's offloading connector one per engine",
+            f"{setting} with lanes (--data-parallel-size)", lanes, "1 lane",
+            f"remove --data-parallel-size or {setting}: the lane scheduler keeps one KV "
+            "pool per lane, vLLM's KV connectors one per engine",
         )
-    select_spec(kv.kv_connector_extra_config)
+    if connector == OFFLOADING:
+        spec = kv.kv_connector_extra_config.get("spec_name", SPEC_KEYS["spec_name"])
+        if spec != SPEC_KEYS["spec_name"]:
+            raise TTUnsupportedFeatureError(
+                "--kv-transfer-config kv_connector_extra_config.spec_name", spec, SPEC_KEYS["spec_name"],
+                "remove spec_name and spec_module_path: the TT platform selects its own transfer handler",
+            )
+        select_spec(kv.kv_connector_extra_config)
+    else:
+        _check_shared_storage(vllm_config, kv, caps, arch)
+    select_connector_module(kv)
 
 
-SERVED_CONNECTORS: tuple[str, ...] = ("OffloadingConnector",)
+def _check_shared_storage(vllm_config: VllmConfig, kv: KVTransferConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``ExampleConnector`` carries the KV of one cache group, and stores a prompt in the step
+    that first schedules it; the decode engine continues from the loaded blocks."""
+    kinds = [kind for kind in caps.kv_cache_kinds if kind in NOT_ROUND_TRIPPED_KINDS]
+    if kinds:
+        raise TTUnsupportedFeatureError(
+            f"--kv-transfer-config kv_connector={SHARED_STORAGE} for {arch}", f"KV kinds {kinds}",
+            "a model whose KV is full, sliding-window or latent attention only",
+            f"serve {arch} without --kv-transfer-config: {SHARED_STORAGE} moves the first KV cache group's "
+            "blocks only (vLLM turns the hybrid KV manager off for it)",
+        )
+    if not caps.supports_prefix_caching:
+        raise TTUnsupportedFeatureError(
+            f"--kv-transfer-config kv_connector={SHARED_STORAGE} for {arch}", "no supports_prefix_caching",
+            "a model whose prefill starts after loaded blocks (supports_prefix_caching)",
+            "serve a model that declares supports_prefix_caching",
+        )
+    if kv.kv_load_failure_policy != "fail":
+        raise TTUnsupportedFeatureError(
+            "--kv-transfer-config kv_load_failure_policy", kv.kv_load_failure_policy,
+            "'fail' (vLLM's default): a request whose blocks did not load fails, the others go on",
+            "remove kv_load_failure_policy: the TT runner does not roll a request back to recompute "
+            "blocks whose load failed",
+        )
+    if kv.is_kv_producer and vllm_config.scheduler_config.enable_chunked_prefill:
+        raise TTUnsupportedFeatureError(
+            f"--enable-chunked-prefill with --kv-transfer-config kv_connector={SHARED_STORAGE} "
+            f"kv_role={kv.kv_role}", True, "False on an engine that stores KV (kv_producer, kv_both)",
+            f"serve the prefill engine with --no-enable-chunked-prefill: {SHARED_STORAGE} stores a prompt's "
+            "KV in the step that first schedules it, so a prompt split over steps would be stored unfinished",
+        )
+
+
+SERVED_CONNECTORS: tuple[str, ...] = (OFFLOADING, SHARED_STORAGE)
 """vLLM KV connectors the TT runner serves (``check_kv_transfer``)."""
 
 

@@ -4,15 +4,16 @@ vLLM's GPU runner binds the scheduler's connector metadata around its forward, s
 step's loads (before the forward when a request of the step waits on them), defers the stores
 and reports finished transfers in the step's output (``KVConnectorModelRunnerMixin``); the TT
 runner does the same through that mixin. ``NO_CONNECTOR`` (no ``--kv-transfer-config`` and no
-``--kv-offloading-size``) does nothing. Only connectors whose worker is a
-``TTOffloadingWorker`` reach here (``startup_checks.check_kv_transfer``).
+``--kv-offloading-size``) does nothing. Only connectors with a TT worker side (a
+``TTKVHandler``: ``TTOffloadingWorker``, the shared-storage ``ExampleConnector``) reach here
+(``startup_checks.check_kv_transfer``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from vllm.config import VllmConfig
@@ -26,9 +27,17 @@ from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunne
 
 from vllm_tt_platform.runner.kv_layout import KVLayout
 from vllm_tt_platform.runner.kv_offload.device_pages import DevicePages
-from vllm_tt_platform.runner.kv_offload.worker import TTOffloadingWorker
 
 logger = init_logger("vllm." + __name__)
+
+
+@runtime_checkable
+class TTKVHandler(Protocol):
+    """The TT worker side of a served connector: it moves blocks through ``DevicePages``."""
+
+    def attach(self, pages: DevicePages) -> None: ...
+
+    def describe(self) -> str: ...
 
 
 class StepConnector:
@@ -60,7 +69,7 @@ class VLLMStepConnector(StepConnector):
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
-        self.worker: TTOffloadingWorker | None = None
+        self.handler: TTKVHandler | None = None
 
     def register(self, model: Any, kv_cache: Any, layout: KVLayout, config: KVCacheConfig) -> None:
         """Register the cache with vLLM's connector worker and attach the device KV to the TT
@@ -74,14 +83,10 @@ class VLLMStepConnector(StepConnector):
             for group in config.kv_cache_groups for name in group.layer_names
         }
         connector.register_kv_caches(views)
-        worker = getattr(getattr(connector, "connector_worker", None), "worker", None)
-        if not isinstance(worker, TTOffloadingWorker):
-            raise RuntimeError(f"{type(connector).__name__} built no TT transfer handler (got {type(worker).__name__}); "
-                               "the TT platform selects TTOffloadingSpec for vLLM's OffloadingConnector")
-        worker.attach(DevicePages(model, kv_cache, layout))
-        self.worker = worker
-        logger.info("TT KV offloading: %d host chunks of %d blocks; groups %s offloaded", worker.pool.num_rows
-                    // worker.pool.blocks_per_chunk, worker.pool.blocks_per_chunk, list(worker.group_ids))
+        handler = _tt_handler(connector)
+        handler.attach(DevicePages(model, kv_cache, layout))
+        self.handler = handler
+        logger.info("%s", handler.describe())
 
     def before_step(self, out: SchedulerOutput) -> None:
         if out.kv_connector_metadata is not None:
@@ -100,6 +105,17 @@ def _bound(vllm_config: VllmConfig, out: SchedulerOutput) -> Iterator[KVConnecto
     with (set_forward_context(None, vllm_config),
           KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(out) as kv_output):
         yield kv_output
+
+
+def _tt_handler(connector: Any) -> TTKVHandler:
+    """The connector itself, or the transfer handler vLLM's offloading worker built from the
+    TT spec."""
+    offloading = getattr(getattr(connector, "connector_worker", None), "worker", None)
+    for candidate in (connector, offloading):
+        if isinstance(candidate, TTKVHandler):
+            return candidate
+    raise RuntimeError(f"{type(connector).__name__} has no TT worker side (got {type(offloading).__name__}); "
+                       "the TT platform selects its own for the connectors it serves (config.kv_transfer)")
 
 
 def _page_bytes(spec: Any, name: str) -> int:

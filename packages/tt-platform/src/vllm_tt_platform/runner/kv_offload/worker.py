@@ -63,6 +63,11 @@ class TTOffloadingWorker(OffloadingWorker):
         """Bind the device KV cache (the runner does, once it is allocated)."""
         self._pages = pages
 
+    def describe(self) -> str:
+        per = self.pool.blocks_per_chunk
+        return (f"TT KV offloading: {self.pool.num_rows // per} host chunks of {per} blocks; "
+                f"groups {list(self.group_ids)} offloaded")
+
     @property
     def pages(self) -> DevicePages:
         if self._pages is None:
