@@ -20,9 +20,12 @@ def test_bad_shape_is_named_in_the_option_error(spec: str) -> None:
 
 def test_default_grid_doubles_up_to_the_limits() -> None:
     shapes = PoolingShapes.resolve(None, max_num_seqs=6, max_model_len=100)
-    assert {s.length for s in shapes.shapes} == {32, 64, 100}
+    assert {s.length for s in shapes.shapes} == {32, 64, 96, 100}
     assert {s.batch for s in shapes.shapes} == {1, 2, 4, 6}
     assert shapes.max_length == 100
+    # lengths in half octaves from 64 on, whole tiles of 32 (benchmarks/pooling_bench.py)
+    lengths = sorted({s.length for s in PoolingShapes.resolve(None, 8, 1024).shapes})
+    assert lengths == [32, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
 
 
 def test_shape_longer_than_max_model_len_is_refused() -> None:
@@ -43,3 +46,18 @@ def test_plan_groups_by_length_bucket_and_fills_the_smallest_batch() -> None:
 def test_plan_refuses_a_prompt_longer_than_every_shape() -> None:
     with pytest.raises(ValueError, match=r"longest pooling shape \(32\).*pooling_shapes"):
         PoolingShapes(parse_shapes("1x32")).plan([33])
+
+
+def test_with_a_cost_model_a_group_runs_in_the_calls_that_cost_least() -> None:
+    shapes = PoolingShapes(parse_shapes("1x512,2x512,4x512,8x512"))
+    # Compute-bound (time grows with every padded row, plus a small fixed cost per program):
+    # 3 rows as 2 + 1, 5 as 4 + 1, 7 as 4 + 2 + 1.
+    compute = lambda shape: 0.1 + shape.batch  # noqa: E731
+    for count, batches in ((3, [2, 1]), (5, [4, 1]), (7, [4, 2, 1]), (8, [8])):
+        calls = shapes.plan([500] * count, compute)
+        assert [c.shape.batch for c in calls] == batches, count
+        assert sorted(r for c in calls for r in c.rows) == list(range(count))
+    # Weight-bound (every program costs about one weight stream): 3 rows in one call of 4.
+    stream = lambda shape: 1.0 + shape.batch * 0.01  # noqa: E731
+    assert [c.shape.batch for c in shapes.plan([500] * 3, stream)] == [4]
+    assert [c.shape.batch for c in shapes.plan([500] * 3)] == [4]  # no cost model: fewest calls

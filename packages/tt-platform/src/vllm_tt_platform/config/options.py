@@ -118,7 +118,7 @@ class TTConfig:
         "Pooling models (`--runner pooling`): the `BATCHxLENGTH` shapes of the prefill-only "
         "programs warmup captures, comma-separated (`1x128,8x128,4x512`). A prompt is padded to "
         "the shortest length holding it; one longer than the longest shape is refused (HTTP 400). "
-        "Unset: batches 1, 2, 4, 8 (up to `--max-num-seqs`) times lengths 32, 64, ... up to "
+        "Unset: batches 1, 2, 4, 8 (up to `--max-num-seqs`) times lengths 32, 64, 96, 128, 192, 256, 384, ... up to "
         "`--max-model-len`.", check=parse_shapes, allowed="`BATCHxLENGTH[,BATCHxLENGTH...]`"))
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"internal": True})
     """Where each option's value came from: `set`, `env` or `default`."""

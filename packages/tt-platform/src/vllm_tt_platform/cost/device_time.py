@@ -131,6 +131,10 @@ MODEL_PROFILES: dict[str, ModelDims] = {
     # 671B (per layer ~0.61B: MLA projections and 8 + 1 of 256 experts), its latent KV of 576
     # values per token and layer (one 288-wide "head" for K and V).
     "deepseek-v3": ModelDims(61, 7168, 3450, 128, 1, 288, 129280),
+    # Pooling models, read alike: BGE-large (BERT-large: 24 layers, a two-matrix FFN of 4096,
+    # here the gated width of the same size, 2731) and Qwen3-Embedding-8B, neither with an LM head.
+    "bge-large": ModelDims(24, 1024, 2731, 16, 16, 64, 0),
+    "qwen3-embedding-8b": ModelDims(36, 4096, 12288, 32, 8, 128, 0),
 }
 """Named models to time instead of the served checkpoint (its math still runs, or is skipped)."""
 
@@ -192,10 +196,11 @@ class ProgramCosts:
 
     def pool_s(self, batch: int, length: int) -> float:
         """One pooling program at shape ``batch x length``: every row runs, padding included
-        (a fixed-shape program), each attending within its own row."""
+        (a fixed-shape program), each attending within its own row; the program reads the
+        weights once, so a small shape costs at least that stream."""
         if self.fixed_s is not None:
             return self.fixed_s
-        return self._compute_s(batch * length, batch * length * length / 2)
+        return max(self.decode_s(0), self._compute_s(batch * length, batch * length * length / 2))
 
     def _compute_s(self, tokens: int, attended: float) -> float:
         """A matmul-bound program over ``tokens`` positions whose queries attend to

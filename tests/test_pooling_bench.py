@@ -1,0 +1,52 @@
+"""The pooling benchmark's quick run writes its documented schema (a smoke test: no timing is
+asserted), and its server packs steps with the runner's own planner: batching short prompts
+beats serving them alone on the modelled clock, and every prompt's latency is counted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("pooling_bench", REPO / "benchmarks" / "pooling_bench.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
+    bench = _bench()
+    out_json, out_md = tmp_path / "pooling_bench.json", tmp_path / "pooling_bench.md"
+    assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["schema_version"] == 1 and result["quick"] is True
+    assert {(r["server"], r["shapes"]) for r in result["rows"]} == {("alone", "default"), ("batched", "default")}
+    for r in result["rows"]:
+        assert r["embeddings_per_s"] > 0 and 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
+        assert 0 <= r["padding_waste"] < 1 and sum(r["calls_per_shape"].values()) >= r["steps"]
+    table = out_md.read_text()
+    assert "| bge-large@N150 | retrieval (70% queries) | 1 | alone | default |" in table
+    assert "Padding waste per captured shape" in table
+
+
+def test_eight_queued_queries_cost_about_one_weight_stream() -> None:
+    from vllm_tt_platform.config.pooling_shapes import PoolingShapes
+
+    bench = _bench()
+    costs = bench.costs_of("bge-large@N150")
+    shapes = PoolingShapes.resolve(None, bench.MAX_NUM_SEQS, bench.MAX_MODEL_LEN)
+    lengths, times = [20] * 8, [0.0] * 8  # all queued at once
+    alone = bench.serve(lengths, times, shapes, costs, alone=True)
+    batched = bench.serve(lengths, times, shapes, costs, alone=False)
+    assert (alone.steps, batched.steps) == (8, 1)
+    assert batched.makespan_s < alone.makespan_s / 4  # weight-bound: one program for all eight
+    assert batched.per_shape == {"8x32": 1} and alone.per_shape == {"1x32": 8}
+    assert len(batched.latencies) == 8 and max(batched.latencies) == batched.makespan_s
