@@ -260,6 +260,7 @@ def test_kv_spec_with_prefix_caching_keeps_a_state_per_block(qwen_dir):
     layout = KVLayout.of(plan_kv_cache(vllm_config, spec, 30), 4, lambda heads: heads)
     recurrent = [g for g in layout.groups if g.recurrent]
     assert len(recurrent) == 3 and all(g.state_boundaries and g.block_size == BLOCK for g in recurrent)
+    assert "recurrent(a state per 16-token block) layers [0]" in layout.describe()
     budget = KVBudget.plan(vllm_config, spec, 160 * 2, 2)
     assert sorted((g.kind, g.blocks) for g in budget.groups) == [
         ("full", 22), ("recurrent", 4), ("recurrent", 4), ("recurrent", 4)]

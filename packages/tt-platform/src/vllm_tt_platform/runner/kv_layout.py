@@ -122,6 +122,8 @@ class KVGroup:
 
     def describe(self) -> str:
         kind = self.kind if self.sliding_window is None else f"sliding(W={self.sliding_window})"
+        if self.state_boundaries:
+            kind = f"recurrent(a state per {self.block_size}-token block)"
         return f"{kind} layers {list(self.layers)}"
 
 
