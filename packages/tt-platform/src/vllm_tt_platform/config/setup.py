@@ -257,9 +257,10 @@ def _state_boundaries(cache: CacheConfig, state_block: int | None) -> None:
             "remove --mamba-block-size (or pass --block-size with the same value)",
         )
     cache.mamba_block_size = cache.block_size
-    if cache.prefix_match_unit not in (None, cache.block_size):
+    match_unit = getattr(cache, "prefix_match_unit", None)  # vLLM 0.33+
+    if match_unit not in (None, cache.block_size):
         raise TTUnsupportedFeatureError(
-            "--prefix-match-unit", cache.prefix_match_unit,
+            "--prefix-match-unit", match_unit,
             f"the block size ({cache.block_size}) with prefix caching of a recurrent-state model",
             "remove --prefix-match-unit (hits land on block boundaries, where the states are cached)",
         )
