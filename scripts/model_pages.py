@@ -122,6 +122,13 @@ PROOFS: tuple[Proof, ...] = (
           ("gemma4",), "prefix-cache hits past the window match transformers, KV-shared layers reading them"),
     Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_gpt_oss.py::test_prefix_cache_hit_reads_only_its_window",
           ("gpt_oss",), "a hit on 4 cached blocks: the sliding layer reads only the blocks its window reaches"),
+    Proof("supports_prefix_caching", f"{_HOST_TESTS}/test_host_qwen3_5.py::"
+          "test_states_at_block_boundaries_equal_recompute_and_a_prefix_hit_continues_from_them",
+          ("qwen3_5",), "recurrent states left at block boundaries equal a recompute; a hit continues from them"),
+    Proof("supports_prefix_caching", f"{_E2E}/test_qwen3_5_prefix_cache.py::"
+          "test_a_repeated_long_prompt_and_a_later_turn_start_from_the_cached_state",
+          ("qwen3_5",), "vLLM's align mode: a repeated prompt and a later turn start from the cached delta-net "
+          "state and equal transformers"),
     Proof("supports_kv_transfer", f"{_HOST_TESTS}/test_kv_transfer.py::test_blocks_go_to_the_host_and_back_into_other_blocks",
           ("llama", "gemma3", "deepseek_v3", "qwen3_5"), "full, sliding, latent and recurrent-state blocks copied to the "
           "host and back into other blocks hold the same values"),
@@ -134,6 +141,10 @@ PROOFS: tuple[Proof, ...] = (
     Proof("supports_kv_transfer", f"{_E2E}/test_disagg_kv_kinds.py::test_kv_kind_round_trips_between_engines",
           ("gemma3", "deepseek_v3"), "sliding-window, full and latent-attention blocks stored by one engine and "
           "loaded by another: outputs equal transformers"),
+    Proof("supports_kv_transfer", f"{_E2E}/test_qwen3_5_prefix_cache.py::"
+          "test_evicted_prefixes_come_back_from_host_memory_with_their_states",
+          ("qwen3_5",), "--kv-offloading-size on Qwen 3.5: evicted prefixes load back with their delta-net states; "
+          "outputs equal transformers"),
     Proof("single_program_lanes",
           f"{_E2E}/test_lanes_serve.py::test_concurrent_requests_complete_with_their_single_request_output",
           ("llama",), "4 lanes on an emulated Galaxy serve 64 requests, each with its single-request output"),

@@ -8,9 +8,12 @@ histories in prefill chunks (``start_pos > 0`` for later chunks and prefix hits)
 fixed-batch decode with padding rows, and per-layer page tables padded to the warmup batch as
 the runner sends them. Before each step a sliding group drops the blocks its window no longer
 reaches (table entry -> null block), as vLLM does; dropped blocks can be spoiled so that reading
-one changes the logits, and handed out again. A recurrent group (vLLM's ``MambaSpec`` with
-``mamba_cache_mode`` none) holds one state block per request whatever its length, at entry 0
-of the group's table row, as the runner passes it.
+one changes the logits, and handed out again. A recurrent group (vLLM's ``MambaSpec``) holds
+one state block per request whatever its length (``mamba_cache_mode`` none) or, with
+``state_boundaries`` (vLLM's ``align`` mode, prefix caching on), a position-indexed row: the
+block of the step's last token gets a fresh state block (the entries before it are null), so
+each block boundary a step ends on leaves its state behind for a prefix hit. The row goes to
+the model as the runner sends it: the step's read and write blocks (``KVGroup.state_blocks``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 from vllm_tt_host.models.qwen3_5.gated_delta import RecurrentState
+from vllm_tt_platform.runner.kv_layout import KVGroup
 
 Spoil = Literal["nan", "noise"]
 """What a dropped (or initially spoiled) block is filled with: NaN shows any read at all, even a
@@ -42,6 +46,8 @@ class Seq:
     tables: dict[Group, list[int]]
     """Per KV cache group (see ``Group``): the block table."""
     computed: int = 0
+    end: int = 0
+    """Token count once the step being prepared is computed."""
     generated: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
 
@@ -70,6 +76,7 @@ class ContractDriver:
         spoil: Spoil | None = None,
         recycle: bool = False,
         free_outside_window: bool = True,
+        state_boundaries: bool = False,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -78,6 +85,7 @@ class ContractDriver:
         self.num_blocks, self.block = keys.shape[0], keys.shape[2]
         self.width = width
         self.spoil_with, self.recycle, self.free_outside_window = spoil, recycle, free_outside_window
+        self.states = KVGroup(0, (), self.block, None, recurrent=True, state_boundaries=state_boundaries)
         self.rng = torch.Generator().manual_seed(seed)
         order = list(range(1, self.num_blocks))
         random.Random(seed).shuffle(order)
@@ -125,17 +133,21 @@ class ContractDriver:
     def add(self, slot: int, prompt: list[int], prefix_of: int | None = None, cached_blocks: int = 0) -> None:
         """Admit a request; a prefix-cache hit reuses ``cached_blocks`` full blocks of
         ``prefix_of``: all of them in a full group, in a sliding group only those the window of
-        the first computed position reaches (the others are null). A recurrent group takes the
-        request's one state block now, as vLLM allocates it (no prefix hits: no align mode)."""
+        the first computed position reaches (the others are null), in a recurrent group the
+        state cached at the hit's last block boundary. Without ``state_boundaries`` a recurrent
+        group takes the request's one state block now, as vLLM allocates it, and no hits."""
         tables: dict[Group, list[int]] = {window: [] for window in self.groups}
-        if RECURRENT in tables:
+        boundaries = self.states.state_boundaries
+        if RECURRENT in tables and not boundaries:
             if prefix_of is not None:
-                raise ValueError("a recurrent-state model takes no prefix-cache hits")
+                raise ValueError("a recurrent-state model takes prefix-cache hits only with state_boundaries")
             tables[RECURRENT].append(self.free[self.model.lanes.lane_of(slot)].pop())
         if prefix_of is not None:
             start = cached_blocks * self.block
             for window, source in self.seqs[prefix_of].tables.items():
                 first = max(0, start - window + 1) // self.block if isinstance(window, int) else 0
+                if window == RECURRENT:
+                    first = cached_blocks - 1
                 tables[window] = [0] * first + source[first:cached_blocks]
         self.seqs[slot] = Seq(prompt, tables, computed=cached_blocks * self.block)
 
@@ -143,9 +155,15 @@ class ContractDriver:
         """Drop what left each sliding window (vLLM frees before it allocates), then cover
         ``length`` positions from the lane's pool."""
         lane = self.model.lanes.lane_of(slot)
+        self.seqs[slot].end = length
         for window, table in self.seqs[slot].tables.items():
             if window == RECURRENT:
-                continue  # its one state block, taken at admission
+                if self.states.state_boundaries:  # the last token's block gets a state block
+                    last = (length - 1) // self.block
+                    table.extend([0] * (last + 1 - len(table)))
+                    if not table[last]:
+                        table[last] = self.free[lane].pop()
+                continue  # else its one state block, taken at admission
             if isinstance(window, int) and self.free_outside_window:
                 for j in range(max(0, computed - window + 1) // self.block):
                     if table[j]:
@@ -166,7 +184,10 @@ class ContractDriver:
             table = torch.zeros(len(slots), width, dtype=torch.int32)
             for row, slot in enumerate(slots):
                 if slot is not None:
-                    blocks = self.seqs[slot].tables[window]
+                    seq = self.seqs[slot]
+                    blocks = seq.tables[window]
+                    if window == RECURRENT:
+                        blocks = list(self.states.state_blocks(blocks, seq.computed, seq.end))
                     table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             tables.append(table)
         return tables

@@ -15,14 +15,18 @@ TT_KV_CACHE_LAYOUTS = ["LBHNC"]
 """What ``TTWorker.get_supported_kv_cache_layouts`` reports."""
 
 
-def spec_view(hf_config: Any, dtype: Any, block_size: int, max_model_len: int | None = None) -> Any:
+def spec_view(hf_config: Any, dtype: Any, block_size: int, max_model_len: int | None = None,
+              mamba_cache_mode: str = "none") -> Any:
     """What a host model's ``get_kv_cache_spec`` reads of the ``VllmConfig`` (the checkpoint's
-    transformers config, the dtype, the block size and, when given, the context length),
-    without building one."""
+    transformers config, the dtype, the block size, when given the context length, and vLLM's
+    recurrent-state cache mode: ``align`` with prefix caching, its state blocks as large as
+    the attention blocks), without building one."""
     model_config = types.SimpleNamespace(hf_config=hf_config, dtype=dtype)
     if max_model_len is not None:
         model_config.max_model_len = max_model_len
-    return types.SimpleNamespace(model_config=model_config, cache_config=types.SimpleNamespace(block_size=block_size))
+    cache_config = types.SimpleNamespace(block_size=block_size, mamba_cache_mode=mamba_cache_mode,
+                                         mamba_block_size=block_size)
+    return types.SimpleNamespace(model_config=model_config, cache_config=cache_config)
 
 
 def plan_kv_cache(vllm_config: VllmConfig, spec: dict[str, KVCacheSpec], num_blocks: int) -> KVCacheConfig:

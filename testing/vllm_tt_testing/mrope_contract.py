@@ -106,6 +106,22 @@ class MropeRunner:
                    model.allocate_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32,
                                            cfg.num_layers))
         self.table = torch.stack([torch.arange(1 + 8 * s, 9 + 8 * s) for s in range(model.max_batch_size)]).int()
+        self.per_layer: list[torch.Tensor] | None = None
+        """A hybrid text side's tables, as the runner sends them: a recurrent layer's row its
+        request's one state block as both the step's read and write blocks."""
+        if layer_specs is not None:
+            states = torch.zeros_like(self.table)
+            states[:, :2] = self.table[:, :1]
+            self.per_layer = [states if isinstance(shape[0], tuple) else self.table
+                              for shape, _dtype, _idx in layer_specs(model)]
+
+    def _tables(self, rows: list[int] | None = None) -> dict[str, Any]:
+        """``page_table`` (and ``page_tables_per_layer``) of ``rows`` (every slot when None)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        tables: dict[str, Any] = {"page_table": pick(self.table)}
+        if self.per_layer is not None:
+            tables["page_tables_per_layer"] = [pick(t) for t in self.per_layer]
+        return tables
 
     def prefill(self, rows: list[Row], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, V] of each row's last position, or [B, T, V] with ``return_all_logits``; deltas)."""
@@ -118,7 +134,7 @@ class MropeRunner:
         sent = any(p is not None for row in pixels for p in row or [])
         images = {"pixel_values": pixels} if sent else {}  # as the runner: no key no image of the call has
         out, deltas = self.model.prefill_forward(
-            tokens=tokens, page_table=self.table[[r[0] for r in rows]], kv_cache=self.kv,
+            tokens=tokens, **self._tables([r[0] for r in rows]), kv_cache=self.kv,
             prompt_lens=[r[3] for r in rows], start_pos=[r[2] for r in rows], empty_slots=[r[0] for r in rows],
             image_grid_thw=grids, **images, **kwargs,
         )
@@ -130,7 +146,7 @@ class MropeRunner:
         start = torch.full((rows,), -1, dtype=torch.int32)
         for slot, (token, pos) in tokens.items():
             ids[slot, 0], start[slot] = token, pos
-        return self.model.decode_forward(tokens=ids, start_pos=start, page_table=self.table, kv_cache=self.kv,
+        return self.model.decode_forward(tokens=ids, start_pos=start, **self._tables(), kv_cache=self.kv,
                                          rope_deltas_all_users=deltas)[:, -1]
 
 

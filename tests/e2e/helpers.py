@@ -211,6 +211,21 @@ def offline_greedy(llm: Any, prompts: Sequence[list[int]], max_tokens: int) -> l
     return [list(r.outputs[0].token_ids) for r in results]
 
 
+def greedy_one_by_one(llm: Any, prompts: Sequence[list[int]], max_tokens: int) -> list[tuple[list[int], int]]:
+    """Each token prompt on its own, in order (a later one may hit an earlier one's prefix),
+    greedy and never stopping early: its answer's ids and how many prompt tokens hit vLLM's
+    prefix cache (``num_cached_tokens``, on the device or loaded from an offload pool)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    results = []
+    for prompt in prompts:
+        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
+        results.append((list(out.outputs[0].token_ids), out.num_cached_tokens))
+    return results
+
+
 def served_metric(url: str, name: str, label: str = "") -> float:
     """The sum of a server's ``/metrics`` samples named ``name`` (over its label sets), keeping
     only those whose labels hold ``label`` (``'phase="decode"'``) when one is given."""

@@ -10,7 +10,7 @@ import random
 import pytest
 from vllm_tt_testing.checkpoints import cached_tiny
 
-from tests.e2e.helpers import hf_greedy, offline_llm
+from tests.e2e.helpers import greedy_one_by_one, hf_greedy, offline_llm
 
 pytestmark = pytest.mark.e2e
 
@@ -43,15 +43,7 @@ def _counters(llm) -> dict[str, float]:
 
 
 def _one_by_one(llm, prompts: list[list[int]]) -> list[tuple[list[int], int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    results = []
-    for prompt in prompts:
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
-        results.append((list(out.outputs[0].token_ids), out.num_cached_tokens))
-    return results
+    return greedy_one_by_one(llm, prompts, MAX_NEW_TOKENS)
 
 
 def test_evicted_prefixes_come_back_from_host_memory(engine):

@@ -50,10 +50,11 @@ def build(folder: Path, batch: int = 2) -> HostQwen3_5ForCausalLM:
     return model
 
 
-def drive(model: HostQwen3_5ForCausalLM, seed: int) -> ContractDriver:
+def drive(model: HostQwen3_5ForCausalLM, seed: int, state_boundaries: bool = False) -> ContractDriver:
     """The contract driver over vLLM's plan reduced to one lane: a full-attention group (one
-    block per ``BLOCK`` tokens) and a recurrent group (one state block per request), from one
-    shuffled pool; every block and state starts as noise."""
+    block per ``BLOCK`` tokens) and a recurrent group (one state block per request, or with
+    ``state_boundaries`` vLLM's align-mode row of a state per block), from one shuffled pool;
+    every block and state starts as noise."""
     cfg = model.config
     assert isinstance(cfg, Qwen3_5Config)
     states = ((NUM_BLOCKS, *cfg.delta.conv_state_shape), (NUM_BLOCKS, *cfg.delta.recurrent_state_shape))
@@ -63,7 +64,7 @@ def drive(model: HostQwen3_5ForCausalLM, seed: int) -> ContractDriver:
         for i in range(cfg.num_layers)
     ])
     kinds = [RECURRENT if cfg.linear(i) else None for i in range(cfg.num_layers)]
-    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise")
+    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise", state_boundaries=state_boundaries)
     driver.spoil(0)
     return driver
 
@@ -114,6 +115,57 @@ def test_a_chunk_that_ignores_the_carried_state_goes_wrong(qwen_dir, hf_qwen, mo
     with torch.no_grad():
         theirs = hf_qwen(torch.tensor([prompt])).logits[0, 40:44]
     assert (out[0, :4] - theirs).abs().max() > 1.0
+
+
+def test_states_at_block_boundaries_equal_recompute_and_a_prefix_hit_continues_from_them(qwen_dir, hf_qwen):
+    """vLLM's align mode (prefix caching on): chunks ending on block boundaries leave the state
+    there in that block, equal to a recompute of the prefix in one chunk; a second request with
+    the same 96-token prefix and another suffix starts from the cached state and equals
+    transformers, as does the first request's decode across a boundary."""
+    model = build(qwen_dir)
+    runner = drive(model, 5, state_boundaries=True)
+    text = _trained_text(qwen_dir, 120)
+    runner.add(0, text[:110])
+    runner.prefill([(0, 64)])
+    runner.prefill([(0, 96)])
+    runner.prefill([(0, 110)])
+    runner.decode(5)  # 110..114, then into block 7 at 112
+    cached = runner.seqs[0].tables[RECURRENT]
+    assert [block != 0 for block in cached] == [False] * 3 + [True] + [False] + [True, True, True]
+    fresh = drive(model, 6, state_boundaries=True)
+    fresh.add(0, text[:96])
+    fresh.prefill([(0, 96)])
+    layers = [i for i in range(model.config.num_layers) if model.config.linear(i)]
+    for layer in layers:
+        ours: RecurrentState = runner.kv[0][layer]
+        recomputed: RecurrentState = fresh.kv[0][layer]
+        kept, again = cached[5], fresh.seqs[0].tables[RECURRENT][5]
+        torch.testing.assert_close(ours.recurrent[kept], recomputed.recurrent[again], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.conv[kept], recomputed.conv[again], atol=1e-5, rtol=1e-5)
+    runner.add(1, text[:96] + text[100:120], prefix_of=0, cached_blocks=6)
+    assert runner.seqs[1].computed == 96
+    runner.prefill([(1, 116)])
+    runner.decode(6)
+    worst = max(assert_matches_hf(hf_qwen, runner.seqs[slot]) for slot in (0, 1))
+    assert worst < 1e-4
+    assert runner.null_block_untouched()
+
+
+def test_a_hit_that_reads_the_state_after_another_boundary_goes_wrong(qwen_dir, hf_qwen):
+    """The hit test would pass if any cached state would do: started from the 64-token state
+    instead of the 96-token one, the suffix's logits move far past the parity tolerance."""
+    runner = drive(build(qwen_dir), 7, state_boundaries=True)
+    text = _trained_text(qwen_dir, 120)
+    runner.add(0, text[:100])
+    for end in (64, 96, 100):
+        runner.prefill([(0, end)])
+    runner.add(1, text[:96] + text[100:116], prefix_of=0, cached_blocks=6)
+    states = runner.seqs[1].tables[RECURRENT]
+    states[5] = runner.seqs[0].tables[RECURRENT][3]  # the 64-token state where the 96-token one was
+    out = runner.prefill([(1, 112)], return_all_logits=True)
+    with torch.no_grad():
+        theirs = hf_qwen(torch.tensor([runner.seqs[1].prompt])).logits[0, 96:112]
+    assert (out[0] - theirs).abs().max() > 1.0
 
 
 def test_gated_delta_rule_chunks_compose():
@@ -184,26 +236,85 @@ def test_kv_spec_through_vllms_plan_and_the_runner_layout(qwen_dir):
     kv = model.allocate_kv_cache_per_layer(layout.per_layer_specs())
     assert [type(layer) for layer in kv[0]] == [RecurrentState] * 3 + [list]
     assert kv[0][0].conv.shape == (30, 256, 3) and kv[0][3][0].shape == (30, 2, BLOCK, 32)
+    assert not any(g.state_boundaries for g in layout.groups)
+
+
+def test_kv_spec_with_prefix_caching_keeps_a_state_per_block(qwen_dir):
+    """vLLM's align mode: a ``MambaSpec`` with the attention block size, planned by vLLM into
+    position-indexed recurrent groups; two state blocks per row in the budget (the last step's
+    and this one's), the cached ones in the free pool."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+    from vllm_tt_platform.runner.kv_budget import KVBudget
+    from vllm_tt_platform.runner.kv_layout import KVLayout
+    from vllm_tt_testing.kv_planning import plan_kv_cache, spec_view
+    from vllm_tt_testing.scheduler_sim import SimConfig, build_vllm_config
+
+    vllm_config = build_vllm_config(SimConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=160,
+                                              block_size=BLOCK))
+    vllm_config.cache_config.mamba_cache_mode = "align"
+    view = spec_view(AutoConfig.from_pretrained(qwen_dir), torch.float32, BLOCK, max_model_len=160,
+                     mamba_cache_mode="align")
+    spec = HostQwen3_5ForCausalLM.get_kv_cache_spec(view)
+    state = spec["model.layers.0.self_attn"]
+    assert isinstance(state, MambaSpec) and (state.block_size, state.mamba_cache_mode) == (BLOCK, "align")
+    layout = KVLayout.of(plan_kv_cache(vllm_config, spec, 30), 4, lambda heads: heads)
+    recurrent = [g for g in layout.groups if g.recurrent]
+    assert len(recurrent) == 3 and all(g.state_boundaries and g.block_size == BLOCK for g in recurrent)
+    assert "recurrent(a state per 16-token block) layers [0]" in layout.describe()
+    budget = KVBudget.plan(vllm_config, spec, 160 * 2, 2)
+    assert sorted((g.kind, g.blocks) for g in budget.groups) == [
+        ("full", 22), ("recurrent", 4), ("recurrent", 4), ("recurrent", 4)]
+    # A prefix hit of 2 blocks, then 40 tokens: read the state after 32, write the one after 72.
+    assert recurrent[0].state_blocks([0, 7, 0, 0, 9], 32, 72) == (7, 9)
+    assert recurrent[0].state_blocks([0, 0, 9], 0, 40) == (0, 9)
 
 
 def test_registered_for_the_host_backend():
     assert HOST_MODELS["TTQwen3_5ForCausalLM"].endswith("qwen3_5.model:HostQwen3_5ForCausalLM")
     caps = HostQwen3_5ForCausalLM.model_capabilities
     assert caps["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
-    assert not caps["supports_prefix_caching"] and not caps["supports_verify_decode"]
+    assert caps["supports_prefix_caching"] and not caps["supports_verify_decode"]
 
 
-def test_an_explicit_prefix_caching_request_is_refused():
-    """vLLM caches recurrent state only in its align mode, which the runner does not implement:
-    ``--enable-prefix-caching`` on the command line is a startup error (vLLM's default is
-    switched off with one info line, as the end-to-end test checks)."""
+def test_prefix_caching_is_let_through_for_qwen3_5_and_refused_by_name_for_the_vl_model():
+    """The text model declares prefix caching (its states at block boundaries); the
+    vision-language model does not, so an explicit ``--enable-prefix-caching`` is a startup
+    error naming it and the fix (vLLM's default is switched off with one info line)."""
+    from vllm_tt_host.models.qwen3_5_vl.model import HostQwen3_5ForConditionalGeneration
     from vllm_tt_models_registry.capabilities import ModelCapabilities
     from vllm_tt_platform.config.options import TTConfig
     from vllm_tt_platform.config.startup_checks import check_capabilities
 
-    caps = ModelCapabilities.of(HostQwen3_5ForCausalLM)
-    with pytest.raises(TTUnsupportedFeatureError, match="--enable-prefix-caching"):
-        check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+    config = TTConfig.from_sources({}, {})
+    check_capabilities(config, ModelCapabilities.of(HostQwen3_5ForCausalLM), "TTQwen3_5ForCausalLM",
+                       async_requested=False, prefix_caching_requested=True)
+    vl = ModelCapabilities.of(HostQwen3_5ForConditionalGeneration)
+    with pytest.raises(TTUnsupportedFeatureError,
+                       match=r"--enable-prefix-caching.*TTQwen3_5ForConditionalGeneration.*remove --enable-prefix"):
+        check_capabilities(config, vl, "TTQwen3_5ForConditionalGeneration", async_requested=False,
                            prefix_caching_requested=True)
-    check_capabilities(TTConfig.from_sources({}, {}), caps, "TTQwen3_5ForCausalLM", async_requested=False,
+    check_capabilities(config, vl, "TTQwen3_5ForConditionalGeneration", async_requested=False,
                        prefix_caching_requested=False)
+
+
+def test_prefix_caching_config_keeps_a_state_per_kv_block(qwen_dir):
+    """vLLM's default turns prefix caching and its align mode on; the state blocks follow the
+    TT block size (or the user's ``--block-size``); a ``--mamba-block-size`` or
+    ``--prefix-match-unit`` off the block size is refused with the fix; prefix caching off
+    goes back to one state block per request."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def cache(**kwargs):
+        args = EngineArgs(model=str(qwen_dir), max_model_len=512, additional_config={"tt": {"mesh_backend": "host"}},
+                          **kwargs)
+        c = args.create_engine_config().cache_config
+        return c.enable_prefix_caching, c.mamba_cache_mode, c.block_size, c.mamba_block_size
+
+    assert cache() == (True, "align", 64, 64)
+    assert cache(block_size=32) == (True, "align", 32, 32)
+    assert cache(block_size=128, mamba_block_size=128) == (True, "align", 128, 128)
+    assert cache(enable_prefix_caching=False) == (False, "none", 64, 512)
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--mamba-block-size=128.*block size \(64\).*Fix: remove"):
+        cache(mamba_block_size=128)
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--prefix-match-unit=16.*Fix: remove --prefix-match-unit"):
+        cache(prefix_match_unit=16)

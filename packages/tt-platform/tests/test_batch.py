@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from vllm.sampling_params import SamplingParams
-from vllm_tt_platform.runner.batch import PersistentBatch, SlotsExhaustedError
+from vllm_tt_platform.runner.batch import BlockCopiesError, PersistentBatch, SlotsExhaustedError
 from vllm_tt_platform.runner.step import DecodeInputs, PrefillInputs, StepPlan
 from vllm_tt_scheduler.phase import MixedStepError, Phase
 from vllm_tt_testing.scheduler_outputs import cached_requests as cached
@@ -123,3 +123,13 @@ def test_seeded_requests_get_their_own_generator():
     batch.update(step([req], scheduled={"a": 1}))
     gen = batch.requests["a"].generator
     assert isinstance(gen, torch.Generator) and gen.initial_seed() == 7
+
+
+def test_block_copies_vllm_asks_for_are_an_error_not_skipped():
+    """A copy the runner skipped would leave a prefix hit reading a state never written there."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+    out = step([new("a", [1, 2, 3], [1])], scheduled={"a": 3})
+    out.kv_cache_block_copies = [KVCacheBlockCopy(src_block_id=4, dst_block_id=9)]
+    with pytest.raises(BlockCopiesError, match=r"copy KV blocks \[\(4, 9\)\].*--prefix-match-unit"):
+        PersistentBatch(1, 2).update(out)

@@ -70,6 +70,9 @@ SURFACE: tuple[Entry, ...] = (
     # ExampleConnector (P/D over shared storage); every connector but it and OffloadingConnector
     # is refused by startup_checks.check_kv_transfer
     Entry(W, "tests/e2e/test_disagg_serve.py::test_prefill_on_one_engine_decode_on_the_other", ("kv_transfer_config",)),
+    # a recurrent state per KV block (vLLM's align mode); another --mamba-block-size is refused
+    Entry(W, "packages/tt-host/tests/test_host_qwen3_5.py::test_prefix_caching_config_keeps_a_state_per_kv_block",
+          ("mamba_block_size", "mamba_cache_mode")),
     # the parser splits reasoning from content; its reasoning config is what thinking_token_budget forces
     Entry(W, "tests/e2e/test_reasoning_serve.py::"
           "test_budget_ends_the_think_section_and_the_parser_splits_reasoning_from_content",
@@ -166,9 +169,8 @@ SURFACE: tuple[Entry, ...] = (
         "enable_shm_tensor_arena")),
     Entry(G, "mm encoder fp8 scales: accepted, not read by TT vision encoders", prefix="mm_encoder_fp8_"),
     Entry(G, "recurrent-state cache options: accepted, no TT test shows their effect", (
-        "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size", "mamba_cache_mode",
-        "enable_mamba_shared_prefix_checkpoint", "enable_mamba_cache_stochastic_rounding",
-        "mamba_cache_philox_rounds", "replayssm_buffer_len", "use_replayssm")),
+        "mamba_cache_dtype", "mamba_ssm_cache_dtype", "enable_mamba_shared_prefix_checkpoint",
+        "enable_mamba_cache_stochastic_rounding", "mamba_cache_philox_rounds", "replayssm_buffer_len", "use_replayssm")),
     Entry(G, "weight offloading to host memory: accepted, not implemented for the mesh's weights", (
         "offload_backend", "cpu_offload_params",
         "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params")),

@@ -41,7 +41,7 @@ from vllm_tt_platform.mesh.shape import mesh_request
 from vllm_tt_platform.mesh.topology import Topology
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import CacheConfig, VllmConfig
 
 logger = init_logger("vllm." + __name__)
 
@@ -219,8 +219,12 @@ def configure(vllm_config: VllmConfig) -> None:
         # vLLM chose its recurrent-state caching mode for prefix caching before it was turned off.
         cache.mamba_cache_mode = "none"
         cache.mamba_block_size = vllm_config.model_config.max_model_len
+    # vLLM gives the state blocks its own block size unless the user chose one.
+    state_block = None if cache.mamba_block_size in (None, cache.block_size) else cache.mamba_block_size
     if not cache.user_specified_block_size and cache.block_size != DEFAULT_BLOCK_SIZE:
         cache.block_size = DEFAULT_BLOCK_SIZE
+    if cache.mamba_cache_mode == "align":
+        _state_boundaries(cache, state_block)
 
     hf_config = vllm_config.model_config.hf_config
     hf_config.architectures = [tt_arch_name(a) for a in hf_config.architectures or []]
@@ -239,6 +243,27 @@ def configure(vllm_config: VllmConfig) -> None:
     # A pooling prompt runs whole; a generation model chunks unless the user turned it off
     # (vLLM's own default is on: off is always the user's choice).
     scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not pooling
+
+
+def _state_boundaries(cache: CacheConfig, state_block: int | None) -> None:
+    """Prefix caching of a recurrent-state model (vLLM's ``align`` mode): a state per attention
+    block, so vLLM's state block size follows the TT block size (``state_block``: the one the
+    user gave). A ``--prefix-match-unit`` below it would make vLLM copy a state block on a hit
+    inside a block, which the TT runner does not do."""
+    if state_block not in (None, cache.block_size):
+        raise TTUnsupportedFeatureError(
+            "--mamba-block-size", state_block,
+            f"the block size ({cache.block_size}): the TT runner keeps a recurrent state per KV block",
+            "remove --mamba-block-size (or pass --block-size with the same value)",
+        )
+    cache.mamba_block_size = cache.block_size
+    match_unit = getattr(cache, "prefix_match_unit", None)  # vLLM 0.33+
+    if match_unit not in (None, cache.block_size):
+        raise TTUnsupportedFeatureError(
+            "--prefix-match-unit", match_unit,
+            f"the block size ({cache.block_size}) with prefix caching of a recurrent-state model",
+            "remove --prefix-match-unit (hits land on block boundaries, where the states are cached)",
+        )
 
 
 def _prefill_only(vllm_config: VllmConfig, max_len: int) -> None:

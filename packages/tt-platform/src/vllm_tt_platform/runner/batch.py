@@ -65,6 +65,12 @@ class SlotsExhaustedError(RuntimeError):
     """The scheduler admitted more requests than the decode batch has rows."""
 
 
+class BlockCopiesError(RuntimeError):
+    """vLLM asked the worker to copy KV blocks (``kv_cache_block_copies``: its copy-on-write of a
+    recurrent state for a prefix hit inside a block), which the TT runner does not do; the
+    startup checks refuse what leads there (``--prefix-match-unit`` below the block size)."""
+
+
 class PersistentBatch:
     def __init__(self, lanes: int, rows_per_lane: int) -> None:
         self.lanes = lanes
@@ -127,6 +133,10 @@ class PersistentBatch:
                ) -> tuple[list[RequestState], list[RequestState], list[RequestState]]:
         """Apply one scheduler output. Returns the states that took a slot (new, resumed) and
         those that gave one back (finished, preempted)."""
+        if out.kv_cache_block_copies:
+            pairs = [(c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies]
+            raise BlockCopiesError(f"vLLM asked the TT runner to copy KV blocks {pairs} (source, destination), "
+                                   "which it does not do: serve without --prefix-match-unit")
         removed: list[RequestState] = []
         for req_id in out.finished_req_ids:
             state = self.finish(req_id)

@@ -3,7 +3,9 @@
 vLLM's hybrid KV cache manager draws every group's blocks from one pool, so a request holds
 blocks in each group at once: in a full-attention group its whole sequence, in a sliding-window
 group at most the window plus the tokens in flight (vLLM's per-request admission cap), in a
-recurrent-state group (``MambaSpec``) one block whatever its length. Each full
+recurrent-state group (``MambaSpec``) one block whatever its length (two with prefix caching:
+vLLM's ``align`` mode keeps the last step's state while the step writes the next; the states it
+caches at block boundaries sit in the free pool, as cached attention blocks do). Each full
 or latent-attention (MLA) group gets the model's token pool (``get_max_tokens_all_users``,
 tt-metal's sizing) plus one block of headroom per row; each sliding group gets room for every
 row at its cap. tt-metal adds
@@ -35,7 +37,7 @@ from vllm_tt_platform import compat
 class GroupBudget:
     kind: str
     """``full``, ``sliding``, ``mla`` (latent attention: sized like full attention, one
-    latent per token instead of K and V) or ``recurrent`` (one state block per request)."""
+    latent per token instead of K and V) or ``recurrent`` (one or two state blocks per request)."""
     num_layers: int
     sliding_window: int | None
     blocks: int
@@ -82,7 +84,7 @@ class KVBudget:
                 groups.append(GroupBudget("sliding", len(group.layer_names), group_spec.sliding_window,
                                           rows * cap, cap))
             elif isinstance(group_spec, MambaSpec):
-                per_request = 1 + group_spec.num_speculative_blocks
+                per_request = group_spec.max_memory_usage_bytes(vllm_config) // group_spec.page_size_bytes
                 groups.append(GroupBudget("recurrent", len(group.layer_names), None, rows * per_request,
                                           per_request))
             else:

@@ -7,7 +7,8 @@ reads that plan once (``KVLayout.of``) and answers the runner's three questions:
 each layer uses (``per_layer_specs``, tt-metal's ``allocate_kv_cache_per_layer`` argument),
 which group's table each layer reads, and which table entries a sliding-window group may still
 read (``KVGroup.first_live_block``: vLLM frees the blocks a window has left behind and gives them
-to other requests, so the runner zeroes them, i.e. points them at vLLM's null block 0).
+to other requests, so the runner zeroes them, i.e. points them at vLLM's null block 0). A
+recurrent-state group's row is sent as the two state blocks of the step (``KVGroup.state_blocks``).
 A layer that reads another layer's KV (vLLM's cross-layer KV sharing) is not in vLLM's plan:
 it joins its target's group and storage, as vLLM's GPU runner binds it to its target's tensor.
 """
@@ -15,7 +16,7 @@ it joins its target's group and storage, as vLLM's GPU runner binds it to its ta
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,8 +79,13 @@ class KVGroup:
     """Multi-head latent attention (``MLAAttentionSpec``): one latent per token, one "head",
     no separate V; paged like full attention."""
     recurrent: bool = False
-    """A fixed-size per-request state (``MambaSpec``, e.g. Qwen 3.5's gated delta-net): one
-    block per request (entry 0 of its table row), whatever its length."""
+    """A fixed-size per-request state (``MambaSpec``, e.g. Qwen 3.5's gated delta-net), sent as
+    ``state_blocks``: entry 0 of the row the state the step starts from, entry 1 where it ends."""
+    state_boundaries: bool = False
+    """A recurrent group in vLLM's ``align`` cache mode (prefix caching on): its table is
+    position-indexed, entry ``j`` the state after ``(j + 1) * block_size`` tokens, so every
+    block boundary a step ends on leaves a state vLLM can cache; otherwise one block per
+    request holds the running state."""
     cross: bool = False
     """Cross-attention (``CrossAttentionSpec``, an encoder-decoder model's): the blocks of the
     request's encoder states (Mllama's vision keys), allocated once, sent as ``cross_page_table``."""
@@ -102,8 +108,22 @@ class KVGroup:
             return 0
         return max(num_computed_tokens - self.retained_tokens, 0) // self.block_size
 
+    def state_blocks(self, ids: Sequence[int], start: int, end: int) -> tuple[int, int]:
+        """A recurrent row's ``(read, write)`` blocks for a step computing ``[start, end)``:
+        the state after ``start`` tokens and the block the state after ``end`` goes to. In
+        ``align`` mode that is vLLM's GPU-runner rule (``preprocess_mamba`` copies the block of
+        token ``start - 1`` into the block of token ``end - 1`` before the kernel runs in place):
+        read there, write here; a prefix hit of ``k`` blocks reads cached entry ``k - 1``. The
+        read block at ``start`` 0 is the null block (the model starts from zeros)."""
+        if not self.state_boundaries:
+            return ids[0], ids[0]
+        read = ids[(start - 1) // self.block_size] if start > 0 else 0
+        return read, ids[(end - 1) // self.block_size]
+
     def describe(self) -> str:
         kind = self.kind if self.sliding_window is None else f"sliding(W={self.sliding_window})"
+        if self.state_boundaries:
+            kind = f"recurrent(a state per {self.block_size}-token block)"
         return f"{kind} layers {list(self.layers)}"
 
 
@@ -214,7 +234,8 @@ def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
     if isinstance(spec, MLAAttentionSpec):
         return KVGroup(index, layers, spec.block_size, None, latent=True)
     if isinstance(spec, MambaSpec):
-        return KVGroup(index, layers, spec.block_size, None, recurrent=True)
+        return KVGroup(index, layers, spec.block_size, None, recurrent=True,
+                       state_boundaries=spec.mamba_cache_mode == "align")
     if isinstance(spec, CrossAttentionSpec):
         return KVGroup(index, layers, spec.block_size, None, cross=True)
     # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every

@@ -75,12 +75,14 @@ class StepPlan:
 
 
 def page_table(states: list[RequestState | None], width: int, blocks_per_lane: int,
-               group: KVGroup | None = None) -> torch.Tensor:
+               group: KVGroup | None = None, ends: list[int] | None = None) -> torch.Tensor:
     """int32 ``[rows, width]`` block table of lane-local block ids, zero-padded (padding rows
     all zeros). With lanes, the scheduler numbers blocks ``lane * blocks_per_lane + local``.
 
     ``group``: that KV cache group's blocks, with the entries its sliding window has left behind
-    zeroed (vLLM may have freed and reused them); without it, the first group's, every entry."""
+    zeroed (vLLM may have freed and reused them), or a recurrent group's two state blocks
+    (``KVGroup.state_blocks``; ``ends``: each row's token count after the step, by default one
+    token past its computed ones); without it, the first group's, every entry."""
     table = torch.zeros((len(states), width), dtype=torch.int32)
     numbering = BlockNumbering(blocks_per_lane)
     index = 0 if group is None else group.index
@@ -88,15 +90,19 @@ def page_table(states: list[RequestState | None], width: int, blocks_per_lane: i
         if state is None or not state.blocks[index]:
             continue
         ids = state.blocks[index][:width]
+        if group is not None and group.recurrent:
+            start = state.num_computed_tokens
+            ids = list(group.state_blocks(state.blocks[index], start, ends[i] if ends else start + 1))
         live = 0 if group is None else min(group.first_live_block(state.num_computed_tokens), len(ids))
         table[i, live : len(ids)] = numbering.local(torch.tensor(ids[live:], dtype=torch.int32))
     return table
 
 
 def page_tables_per_layer(states: list[RequestState | None], width: int, blocks_per_lane: int,
-                          layout: KVLayout) -> list[torch.Tensor]:
-    """One table per layer, its KV cache group's (layers of a group share the tensor)."""
-    tables = [page_table(states, width, blocks_per_lane, group) for group in layout.groups]
+                          layout: KVLayout, ends: list[int] | None = None) -> list[torch.Tensor]:
+    """One table per layer, its KV cache group's (layers of a group share the tensor);
+    ``ends`` as ``page_table``'s."""
+    tables = [page_table(states, width, blocks_per_lane, group, ends) for group in layout.groups]
     return [tables[layer.group] for layer in layout.layers]
 
 
@@ -124,7 +130,8 @@ class PrefillInputs:
         per_layer = None
         if layout is not None:
             padded = states + [None] * (decode_rows - len(states))
-            per_layer = page_tables_per_layer(padded, table_width, blocks_per_lane, layout)
+            per_layer = page_tables_per_layer(padded, table_width, blocks_per_lane, layout,
+                                              ends + [0] * (decode_rows - len(states)))
         return cls(
             tokens=tokens,
             page_table=page_table(states, table_width, blocks_per_lane,

@@ -12,7 +12,7 @@ FAMILY = HostFamily(
     },
     tiny=("qwen3_5",),
     capabilities={"TTQwen3_5ForCausalLM": {
-        **decoder_without("supports_prefix_caching", "single_program_lanes", "supports_verify_decode"),
+        **decoder_without("single_program_lanes", "supports_verify_decode"),
         "kv_cache_kinds": ["full_attention", "recurrent_state"],
     }},
 )

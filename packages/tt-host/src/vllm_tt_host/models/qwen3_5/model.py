@@ -4,11 +4,13 @@ recurrent state, interleaved with gated full-attention layers over the paged KV 
 The model declares both KV kinds to vLLM (``get_kv_cache_spec``): ``FullAttentionSpec`` for the
 attention layers and ``MambaSpec`` for the delta-net layers, whose one block per request holds
 its convolution window and delta-rule state (``gated_delta``). vLLM's hybrid KV manager keeps a
-block table per group; the runner passes them as ``page_tables_per_layer``, so a delta-net
-layer finds a request's state block at entry 0 of its row. Prefix caching is not declared: vLLM
-can cache recurrent states only in its ``align`` mode (a state copy per block boundary), which
-the TT runner does not implement; speculative verify is not declared either (a rejected draft
-would have to be taken back out of the state).
+block table per group; the runner passes them as ``page_tables_per_layer``, a delta-net layer's
+row holding the step's two state blocks: entry 0 the state the step starts from, entry 1 where
+the state after the step goes (the same block without prefix caching). With prefix caching on,
+vLLM's ``align`` mode gives each request a state block per ``block_size`` tokens, so the state
+at every block boundary a step ends on stays cached for a later prompt with that prefix (the
+runner picks the two blocks, ``KVGroup.state_blocks``). Speculative verify is not declared (a
+rejected draft would have to be taken back out of the state).
 
 What differs from the Llama-style layers: the attention ``q_proj`` gives ``[q | gate]`` per head
 and the output is multiplied by ``sigmoid(gate)`` before ``o_proj``; rope covers the first
@@ -101,8 +103,9 @@ class Qwen3_5Decoder(HostDecoder):
     def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
                         lane_kv: Any, inserts: PrefillInserts | None) -> torch.Tensor:
         """The ``n`` real positions only (``bucket`` just names the traced shape: padding would
-        advance the state); a delta-net layer continues the state in block ``page_rows[layer][0]``,
-        from zeros when ``start`` is 0. ``inserts``: the vision-language model's images."""
+        advance the state); a delta-net layer continues the state in block ``page_rows[layer][0]``
+        (from zeros when ``start`` is 0) and writes it to ``page_rows[layer][1]``. ``inserts``:
+        the vision-language model's images."""
         n = new_tokens.shape[0]
         positions = start + torch.arange(n)
         size = paged_kv.block_size(lane_kv)
@@ -111,10 +114,10 @@ class Qwen3_5Decoder(HostDecoder):
             h = self._norm(x, layer.input_norm)
             if isinstance(layer.mixer, GatedDeltaWeights):
                 state: RecurrentState = lane_kv[index]
-                block = page_rows[index][:1].long()
-                conv, recurrent = state.read(block, torch.tensor([start == 0]))
+                read, write = page_rows[index][:1].long(), page_rows[index][1:2].long()
+                conv, recurrent = state.read(read, torch.tensor([start == 0]))
                 out, conv, recurrent = self._delta(h[None], layer.mixer, conv, recurrent)
-                state.write(block, conv, recurrent)
+                state.write(write, conv, recurrent)
                 x = x + out[0]
             else:
                 x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions, size)
@@ -123,7 +126,7 @@ class Qwen3_5Decoder(HostDecoder):
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
                        kv: list[Any], per_layer: torch.Tensor | None = None) -> torch.Tensor:
-        """A padding row writes no KV or state."""
+        """A padding row writes no KV or state; a delta-net row reads entry 0, writes entry 1."""
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
             table = page_tables[index]
@@ -131,10 +134,10 @@ class Qwen3_5Decoder(HostDecoder):
                 out = torch.zeros_like(x)
                 for lane, rows in enumerate(step.lanes):
                     state: RecurrentState = kv[lane][index]
-                    blocks, alive = table[rows, 0].long(), step.live[rows]
-                    conv, recurrent = state.read(blocks, ~alive)
+                    read, write, alive = table[rows, 0].long(), table[rows, 1].long(), step.live[rows]
+                    conv, recurrent = state.read(read, ~alive)
                     delta, conv, recurrent = self._delta(h[rows][:, None], layer.mixer, conv, recurrent)
-                    state.write(blocks[alive], conv[alive], recurrent[alive])
+                    state.write(write[alive], conv[alive], recurrent[alive])
                     out[rows] = delta[:, 0]
                 x = x + out
             else:
@@ -237,13 +240,13 @@ class Qwen3_5Decoder(HostDecoder):
 
 class HostQwen3_5ForCausalLM(HybridKVCausalLM):
     """Qwen 3.5 text (``Qwen3_5ForCausalLM``), float32: delta-net layers over a recurrent state
-    (one ``MambaSpec`` block per request) and gated full-attention layers (paged KV)."""
+    (``MambaSpec`` blocks: with prefix caching one per KV block, vLLM's align mode, else one per
+    request) and gated full-attention layers (paged KV)."""
 
     family: ClassVar[str] = "qwen3_5"
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HybridKVCausalLM.model_capabilities,
         "kv_cache_kinds": ["full_attention", "recurrent_state"],
-        "supports_prefix_caching": False,
         "supports_verify_decode": False,
         "single_program_lanes": False,
     }
@@ -252,19 +255,22 @@ class HostQwen3_5ForCausalLM(HybridKVCausalLM):
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
-        """``FullAttentionSpec`` per attention layer; ``MambaSpec`` per delta-net layer, one
-        block per request (``mamba_cache_mode`` none: the block spans ``max_model_len``)."""
+        """``FullAttentionSpec`` per attention layer; ``MambaSpec`` per delta-net layer in
+        vLLM's cache mode: ``align`` (prefix caching on) a state block per ``mamba_block_size``
+        tokens, ``none`` one block per request spanning ``max_model_len``."""
         from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
         config = _qwen(cls.decoder_config(vllm_config.model_config.hf_config))
         dtype = vllm_config.model_config.dtype
-        full = FullAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=config.num_kv_heads,
+        cache = vllm_config.cache_config
+        full = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=config.num_kv_heads,
                                  head_size=config.head_dim, dtype=dtype)
+        align = cache.mamba_cache_mode == "align"
         state = MambaSpec(
-            block_size=vllm_config.model_config.max_model_len,
+            block_size=cache.mamba_block_size if align else vllm_config.model_config.max_model_len,
             shapes=(config.delta.conv_state_shape, config.delta.recurrent_state_shape),
             dtypes=(dtype, dtype),
-            mamba_cache_mode="none",
+            mamba_cache_mode=cache.mamba_cache_mode,
         )
         return {layer_name(i): state if config.linear(i) else full for i in range(config.num_layers)}
 

@@ -69,6 +69,9 @@ class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalL
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostQwen3_5ForCausalLM.model_capabilities,
         "supports_async_decode": False,  # decode rotates with the host's positions
+        # vLLM's align mode ends chunks on block boundaries, inside an image's span if need be;
+        # the contract sends an image whole (``disable_chunked_mm_input``).
+        "supports_prefix_caching": False,
     }
     config_type = Qwen3_5VLConfig
     decoder_type = Qwen3_5VLDecoder
