@@ -21,6 +21,7 @@ from vllm_tt_testing.tiny_vl import (
     QUESTION,
     built,
     captions,
+    gemma_tokenizer,
     save,
     synthetic_image,
     train_captioning,
@@ -36,9 +37,6 @@ WINDOW = 16
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 TURN_START, TURN_END = "<start_of_turn>", "<end_of_turn>"
-NEWLINE_RUNS = tuple("\n" * n for n in range(1, 5))
-BYTES = tuple(f"<0x{b:02X}>" for b in range(256))
-"""Byte-fallback tokens: any character the BPE did not learn."""
 VOCAB = 700
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -56,28 +54,11 @@ RECIPE = {"format": 1, "train_steps": TRAIN_STEPS, "kinds": KINDS, "window": WIN
 
 
 def build_tokenizer(paragraphs: list[str]) -> Any:
-    """A Gemma-style fast tokenizer (no bos added: the chat template writes it)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=UNK, byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    flat = [p.replace("\n", " ") for p in paragraphs]
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=[PAD, EOS, BOS, UNK, BOI, EOI, IMAGE, TURN_START, TURN_END, *BYTES],
-        initial_alphabet=sorted(set("".join(flat).replace(" ", "▁")) | set("?")), show_progress=False,
+    return gemma_tokenizer(
+        paragraphs, special=[PAD, EOS, BOS, UNK, BOI, EOI, IMAGE, TURN_START, TURN_END],
+        named={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE}, turns=[TURN_START, TURN_END],
+        chat_template=CHAT_TEMPLATE, vocab=VOCAB,
     )
-    tok.train_from_iterator(flat, trainer=trainer)
-    tok.add_tokens([AddedToken(run, normalized=False) for run in NEWLINE_RUNS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        extra_special_tokens={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE},
-        additional_special_tokens=[TURN_START, TURN_END], model_max_length=4096,
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def build_processor(paragraphs: list[str]) -> Any:

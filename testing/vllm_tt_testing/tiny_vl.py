@@ -40,6 +40,40 @@ def captions(tiny: Any) -> list[str]:
     return [" ".join(paragraphs[3 * k].split()[:CAPTION_WORDS]) for k in range(KINDS)]
 
 
+GEMMA_SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+NEWLINE_RUNS = tuple("\n" * n for n in range(1, 5))
+BYTES = tuple(f"<0x{b:02X}>" for b in range(256))
+"""Byte-fallback tokens: any character the BPE did not learn."""
+
+
+def gemma_tokenizer(paragraphs: list[str], *, special: list[str], named: dict[str, str], turns: list[str],
+                    chat_template: str, vocab: int = 700) -> Any:
+    """A Gemma-style fast tokenizer trained on ``paragraphs``: character BPE with byte fallback,
+    ``▁`` for spaces and newline runs as single tokens (vLLM's Gemma processors look them up),
+    no bos added (the chat template writes it). ``special``: the special tokens, ids in this
+    order (``GEMMA_SPECIALS`` among them); ``named``: the ones the processor reads by name
+    (``image_token``...); ``turns``: the other special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=GEMMA_SPECIALS["unk_token"], byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    flat = [p.replace("\n", " ") for p in paragraphs]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=[*special, *BYTES],
+        initial_alphabet=sorted(set("".join(flat).replace(" ", "▁")) | set("?")), show_progress=False,
+    )
+    tok.train_from_iterator(flat, trainer=trainer)
+    tok.add_tokens([AddedToken(run, normalized=False) for run in NEWLINE_RUNS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, **GEMMA_SPECIALS, extra_special_tokens=named, additional_special_tokens=turns,
+        model_max_length=4096, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
 CaptionBatch = Callable[[int], tuple[dict[str, Any], Any]]
 """``step -> (model inputs, labels)`` of that step's captioning chats."""
 

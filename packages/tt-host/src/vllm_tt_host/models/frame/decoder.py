@@ -196,8 +196,7 @@ class HostDecoder:
         window = self.config.window(index)
         first = paged_kv.first_block(torch.tensor([row.start]), window, size)
         pages_used, key_pos = paged_kv.key_span(page_row[None], first, row.last_block - int(first), size)
-        blocks = row.inserts.blocks if row.inserts is not None else None
-        mask = paged_kv.visible(key_pos, row.query_pos, window, blocks)
+        mask = paged_kv.visible(key_pos, row.query_pos, window, self._image_blocks(index, row.inserts))
         pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), row.positions[:n], size)
         q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, row.positions)
         if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
@@ -324,6 +323,10 @@ class HostDecoder:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]
+
+    def _image_blocks(self, index: int, inserts: PrefillInserts | None) -> torch.Tensor | None:
+        """The bidirectional blocks layer ``index`` attends with (Gemma 4: its sliding layers only)."""
+        return None if inserts is None else inserts.blocks
 
     def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """``[T, layers, d]``: what each layer adds beside the residual stream, from the token

@@ -126,11 +126,12 @@ def live_images(spans: list[tuple[int, int]], start: int, images: list[Any] | No
     return {k: images[i] for k, i in zip(live, image_of, strict=True)}
 
 
-def computed_pixels(pixels: dict[int, torch.Tensor | None], row: int, start: int) -> list[torch.Tensor]:
+def computed_pixels[Pixels](pixels: dict[int, Pixels | None], row: int, start: int) -> list[Pixels]:
     """The pixels of the images a prefill pass of row ``row`` computes from position ``start``
     (``{placeholder run: pixels}``), in order. vLLM sends an image inside the prefix-cache hit
     without data (None), but no pass computes such an image: one it does compute must have its
-    pixels."""
+    pixels. ``Pixels``: an image's data as the family carries it (a tensor; Gemma 4: its
+    patches and their positions)."""
     missing = [k for k, p in pixels.items() if p is None]
     if missing:
         raise HostModelInputError(
