@@ -18,13 +18,10 @@ from typing import Any
 
 from vllm_tt_testing.tiny_vl import (
     KINDS,
-    QUESTION,
+    build_gemma_vl,
     built,
-    captions,
     gemma_tokenizer,
-    save,
     synthetic_image,
-    train_captioning,
     user_message,
 )
 
@@ -101,39 +98,7 @@ def build_tiny_gemma3_vl(out: Path) -> Path:
     """Write the checkpoint into ``out`` (idempotent per recipe) and return it."""
     if built(out, STAMP, RECIPE):
         return out
-    import torch
-    import vllm_tt_host.tiny as tiny
-    from transformers import Gemma3ForConditionalGeneration, GenerationConfig
+    from transformers import Gemma3ForConditionalGeneration
 
-    paragraphs = [p.strip() for p in tiny.corpus_text().split("\n\n") if p.strip()]
-    processor = build_processor(paragraphs)
-    tokenizer = processor.tokenizer
-    config = build_config(tokenizer)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = Gemma3ForConditionalGeneration(config)
-        _train(model, processor, paragraphs, tiny)
-    # No eos in the generation config: HF generate() then runs max_new_tokens, as vLLM does with ignore_eos.
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    return save(out, model, processor, STAMP, RECIPE)
-
-
-def _train(model: Any, processor: Any, paragraphs: list[str], tiny: Any) -> None:
-    import torch
-
-    tokenizer = processor.tokenizer
-    texts = torch.tensor([i for p in paragraphs for i in tokenizer(BOS + p + EOS)["input_ids"]])
-    prompt = processor.apply_chat_template(user_message(1, QUESTION), add_generation_prompt=True, tokenize=False)
-    caption_of = captions(tiny)
-
-    def caption_batch(step: int) -> tuple[dict[str, Any], Any]:
-        kinds = [(step * 4 + i) % KINDS for i in range(4)]
-        texts = [prompt + caption_of[k] + TURN_END for k in kinds]
-        images = [[synthetic_image(k, 1000 * step + i)] for i, k in enumerate(kinds)]
-        inputs = processor(text=texts, images=images, return_tensors="pt", padding=True)
-        labels = inputs["input_ids"].masked_fill((inputs["attention_mask"] == 0) | (inputs["token_type_ids"] == 1),
-                                                 -100)
-        return dict(inputs), labels
-
-    train_captioning(model, texts, caption_batch, TRAIN_STEPS, text_rows=4)
+    return build_gemma_vl(out, STAMP, RECIPE, model_class=Gemma3ForConditionalGeneration, processor_of=build_processor,
+                          config_of=build_config, steps=TRAIN_STEPS)

@@ -10,7 +10,8 @@ One engine start, in lane mode (2 lanes of 4 rows, as the other VL serve tests),
 prefilled in several chunks: concurrent OpenAI chat requests with base64 ``image_url`` data URLs
 (text only, one and two images, square and wide) equal transformers' generate() token for
 token, prompt ids included; the image decides the answer; the step trace shows that no chunk
-ended inside an image. Corrupt image bytes, a third image, audio and video are refused with a
+ended inside an image. A long one-image prompt sent twice is served from the prefix cache past
+its image (vLLM then sends no pixels for it). Corrupt image bytes, a third image, audio and video are refused with a
 400 and the next request is served."""
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ WIDE_REQUESTS: list[tuple[int, ...]] = [(0,), (3, 1)]
 WIDE = (32, 64)
 MAX_TOKENS = 16
 STEP_BUDGET = 80
+LONG_QUESTION = " ".join([vl_chat.QUESTION] * 16)
+"""With one image this question makes a prompt whose full KV blocks reach past the image."""
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,11 @@ def hf_vl(checkpoint):
     return vl_chat.load_hf(checkpoint)
 
 
-def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int, size: tuple[int, int] = (32, 32)) -> tuple[list[int], list[int]]:
+def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int, size: tuple[int, int] = (32, 32),
+                question: str = vl_chat.QUESTION) -> tuple[list[int], list[int]]:
     """HF's (prompt ids, greedy tokens) as the chat endpoint renders the prompt (bos from the template)."""
-    return vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, salt, nested=True, add_special_tokens=False, size=size)
+    return vl_chat.hf_generate(hf_vl, kinds, MAX_TOKENS, salt, nested=True, add_special_tokens=False, size=size,
+                               question=question)
 
 
 def prefill_ends(trace: Path) -> dict[str, list[int]]:
@@ -83,18 +88,20 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, hf_vl, tm
                "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", env=lane_env,
                log=log) as url:
 
-        def chat(parts: list[dict[str, Any]]) -> httpx.Response:
-            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS), timeout=300)
+        def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS, question),
+                              timeout=300)
 
         batch = [image_parts(kinds, 5 + i) for i, kinds in enumerate(REQUESTS)]
         batch += [image_parts(kinds, 20 + i, WIDE) for i, kinds in enumerate(WIDE_REQUESTS)]
         with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
             answers = list(pool.map(chat, batch))
+        repeated = [chat(image_parts((1,), 13), LONG_QUESTION) for _ in range(2)]
         refusals, after = {}, {}
         for name, parts in BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
             after[name] = chat(image_parts((2,), 11))  # the engine keeps serving
-    for response in [*answers, *after.values()]:
+    for response in [*answers, *repeated, *after.values()]:
         assert response.status_code == 200, (response.text, log.read_text()[-3000:])
     want = [hf_generate(hf_vl, kinds, 5 + i) for i, kinds in enumerate(REQUESTS)]
     want += [hf_generate(hf_vl, kinds, 20 + i, WIDE) for i, kinds in enumerate(WIDE_REQUESTS)]
@@ -125,6 +132,13 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, hf_vl, tm
         chunked += len(passes[0]) > 1
     assert chunked >= 3, "the prompts with images were prefilled in chunks"
     assert_every_lane_prefilled_an_image(trace, log, 4, len(want[REQUESTS.index(())][0]))
+
+    prompt, tokens = hf_generate(hf_vl, (1,), 13, question=LONG_QUESTION)
+    assert [r.json()["prompt_token_ids"] for r in repeated] == [prompt, prompt]
+    assert [r.json()["choices"][0]["token_ids"] for r in repeated] == [tokens, tokens]
+    cached_tokens = repeated[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    last_image_token = max(i for i, t in enumerate(prompt) if t == image_token)
+    assert cached_tokens > last_image_token, (cached_tokens, last_image_token, len(prompt))
 
     expected_after = hf_generate(hf_vl, (2,), 11)[1]
     assert all(r.json()["choices"][0]["token_ids"] == expected_after for r in after.values())

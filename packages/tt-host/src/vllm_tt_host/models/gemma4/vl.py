@@ -30,7 +30,13 @@ from vllm_tt_host.models.frame.config import model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.shapes import HostModelInputError
-from vllm_tt_host.models.frame.vision import computed_pixels, image_runs, live_images, per_row
+from vllm_tt_host.models.frame.vision import (
+    computed_pixels,
+    image_runs,
+    live_images,
+    per_row,
+    text_and_vision,
+)
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
 from vllm_tt_host.models.gemma4.model import (
     Gemma4Config,
@@ -64,12 +70,9 @@ class Gemma4VLConfig(Gemma4Config):
         """Read a ``Gemma4Config`` (``text_config`` + ``vision_config``; an ``audio_config`` is
         left unread: the host model takes images only)."""
         model = model_name(hf_config)
-        text_config, vision_config = getattr(hf_config, "text_config", None), getattr(hf_config, "vision_config", None)
-        if text_config is None or vision_config is None:
-            raise TTConfigError(
-                f"{model}: text_config/vision_config", None, "both present (model_type gemma4)",
-                "serve a Gemma 4 vision-language checkpoint, or a text one as Gemma4ForCausalLM",
-            )
+        text_config, vision_config = text_and_vision(
+            hf_config, "serve a Gemma 4 vision-language checkpoint, or a text one as Gemma4ForCausalLM",
+        )
         text = Gemma4Config.read(text_config, family, n_layers=n_layers)
         ids = {name: _token_id(hf_config, name, model) for name in PLACEHOLDER_IDS}
         pad = _token_id(text_config, "pad_token_id", model)
