@@ -15,10 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoConfig, Gemma4ForConditionalGeneration
+from transformers import AutoConfig, Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma4.embedder import UnifiedVisionConfig
+from vllm_tt_host.models.gemma4.unified import Gemma4UnifiedConfig, HostGemma4UnifiedForConditionalGeneration
 from vllm_tt_host.models.gemma4.vl import Gemma4VLConfig, HostGemma4ForConditionalGeneration
 from vllm_tt_host.tiny import corpus_text
 from vllm_tt_models_registry.contract import check_model_class
@@ -34,41 +36,56 @@ NUM_BLOCKS = 96
 WIDTH = 24
 """Page-table width (blocks per row): 384 positions."""
 WIDE = (32, 64)
-ATTENTION = ("vision", None)
-"""``use_bidirectional_attention`` of the two tiny models."""
+UNIFIED = "unified"
+VARIANTS = ("images-both-ways", "causal", UNIFIED)
+"""The tiny models: Gemma 4 with ``use_bidirectional_attention`` ``"vision"`` and null, and
+Gemma 4 Unified (``"vision"``)."""
+HF_CLASSES = (Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration)
+HOST_CLASSES = (HostGemma4ForConditionalGeneration, HostGemma4UnifiedForConditionalGeneration)
+"""Gemma 4's and Gemma 4 Unified's."""
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def variant(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def processor():
-    return build_processor([p.strip() for p in corpus_text().split("\n\n") if p.strip()])
+def processor(variant):
+    paragraphs = [p.strip() for p in corpus_text().split("\n\n") if p.strip()]
+    return build_processor(paragraphs, unified=variant == UNIFIED)
 
 
-@pytest.fixture(scope="module", params=ATTENTION, ids=["images-both-ways", "causal"])
-def checkpoint(request, processor, tmp_path_factory):
+@pytest.fixture(scope="module")
+def checkpoint(variant, processor, tmp_path_factory):
     torch.manual_seed(0)
-    hf = Gemma4ForConditionalGeneration(build_config(processor.tokenizer, bidirectional=request.param))
+    config = build_config(processor.tokenizer, bidirectional=None if variant == "causal" else "vision",
+                          unified=variant == UNIFIED)
+    hf = HF_CLASSES[variant == UNIFIED](config)
     randomise_vision_buffers(hf)
     with torch.no_grad():
         for weight in hf.model.language_model.parameters():
             if weight.dim() == 2:
                 weight.mul_(4.0)  # sharper logits than the 0.02 init
-        hf.model.embed_vision.embedding_projection.weight.mul_(20.0)  # image vectors as large as embeddings
+        embedder = hf.model.embed_vision
+        projection = embedder.multimodal_embedder if variant == UNIFIED else embedder
+        projection.embedding_projection.weight.mul_(20.0)  # image vectors as large as embeddings
     folder = tmp_path_factory.mktemp("tiny-gemma4-vl")
     hf.save_pretrained(folder)
     return folder
 
 
 @pytest.fixture(scope="module")
-def hf(checkpoint):
-    return Gemma4ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
+def hf(variant, checkpoint):
+    return HF_CLASSES[variant == UNIFIED].from_pretrained(checkpoint, dtype=torch.float32,
                                                           attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")
-def model(checkpoint):
+def model(variant, checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
-    return HostGemma4ForConditionalGeneration.initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4,
-                                                                    WIDTH * BLOCK)
+    return HOST_CLASSES[variant == UNIFIED].initialize_vllm_model(config, HostMeshDevice(MeshShape(1, 1)), 4,
+                                                                  WIDTH * BLOCK)
 
 
 def driver(model) -> ContractDriver:
@@ -181,11 +198,13 @@ def test_prefill_and_decode_match_transformers(model, hf, processor):
 
 
 @pytest.mark.parametrize("sent", ["chunk images", "all images"])
-def test_chunked_prefill_and_prefix_starts(model, hf, processor, sent):
+def test_chunked_prefill_and_prefix_starts(variant, model, hf, processor, sent):
     """A two-image prompt prefilled in two chunks cut between the images (the runner may send
     the images of the chunk only, or all of them on every pass); a prefix-cache start inside the
     first image's run (its earlier tokens' KV already there, its vectors still needed); and a
-    start past the first image (inside the second), whose pixels vLLM then does not send."""
+    start past the first image (inside the second), whose pixels vLLM then does not send. Gemma 4
+    Unified refuses the start inside the first image: its tokens see the whole image, further back
+    than the sliding window keeps (it declares no prefix caching)."""
     inputs = request(processor, [(32, 32), WIDE], 8)
     ids, expected = prompt_of(inputs), hf_logits(hf, inputs)[-1]
     image = hf.config.image_token_id
@@ -204,26 +223,33 @@ def test_chunked_prefill_and_prefix_starts(model, hf, processor, sent):
     assert ids.index(image) < inside * BLOCK and past_first * BLOCK < ids.index(hf.config.eoi_token_id, second)
     for cached, sent_pixels in ((inside, pixels), (past_first, [None, pixels[1]])):
         d.add(1, ids, prefix_of=0, cached_blocks=cached)
-        got = d.prefill([(1, len(ids))], pixel_values=[sent_pixels], pixel_position_ids=[positions])[0, -1]
+        kwargs = {"pixel_values": [sent_pixels], "pixel_position_ids": [positions]}
+        if variant == UNIFIED and cached == inside:  # the image reaches further back than the window kept
+            with pytest.raises(HostModelInputError, match="must not start inside such an image"):
+                d.prefill([(1, len(ids))], **kwargs)
+            continue
+        got = d.prefill([(1, len(ids))], **kwargs)[0, -1]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=f"{cached} blocks cached")
     with pytest.raises(HostModelInputError, match=r"runs \[0\] are computed from position 0"):
         d.add(2, ids)
         d.prefill([(2, len(ids))], pixel_values=[[None, pixels[1]]], pixel_position_ids=[positions])
 
 
-def test_bad_image_inputs_are_refused(model, processor):
+def test_bad_image_inputs_are_refused(variant, model, processor):
     inputs = request(processor, [(32, 32)], 9)
     ids = prompt_of(inputs)
     pixels, positions = list(inputs["pixel_values"]), list(inputs["image_position_ids"])
+    quarter = 4 if variant == UNIFIED else 12  # a 4x4 corner of the merged grid, or of the patch grid
+    beyond, out_of_range = (64, "reach past mm_posemb_size") if variant == UNIFIED else (1, "do not fill")
     cases = [
         ({"pixel_values": [None]}, "0 images sent, but the tokens hold 1"),
         ({"pixel_values": [pixels * 2], "pixel_position_ids": [positions]}, "one per image"),
         ({"pixel_values": [pixels]}, "pixel_position_ids must come with pixel_values"),
         ({"pixel_values": [[(pixels[0] * 255).to(torch.uint8)]], "pixel_position_ids": [positions]}, "uint8"),
-        ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0][:300]]]}, "expected"),
-        ({"pixel_values": [pixels], "pixel_position_ids": [[torch.where(positions[0] >= 12, -1, positions[0])]]},
+        ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0][:10]]]}, "expected"),
+        ({"pixel_values": [pixels], "pixel_position_ids": [[torch.where(positions[0] >= quarter, -1, positions[0])]]},
          "makes 16 image tokens, its placeholder run"),
-        ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0] + 1]]}, "do not fill"),
+        ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0] + beyond]]}, out_of_range),
         ({"pixel_values": [pixels, pixels], "pixel_position_ids": [positions]}, "list of 1 rows"),
     ]
     for kwargs, message in cases:
@@ -238,18 +264,26 @@ def test_bad_image_inputs_are_refused(model, processor):
                   pixel_position_ids=[positions])
 
 
-def test_config_reading_and_refusals(checkpoint):
+def test_config_reading_and_refusals(variant, checkpoint):
     hf_config = AutoConfig.from_pretrained(checkpoint)
-    config = Gemma4VLConfig.read(hf_config)
+    reader = Gemma4UnifiedConfig if variant == UNIFIED else Gemma4VLConfig
+    config = reader.read(hf_config)
     assert config.layer_windows == (32, None, 32, None) and config.layer_kv_sources == (0, 1, 0, 1)
-    assert (config.vision.pooling, config.vision.patch_size, config.vision.standardize) == (3, 4, True)
-    assert config.per_layer_input_size == 8 and config.pad_token_id == hf_config.text_config.pad_token_id
+    assert config.images_both_ways == (variant != "causal")
+    assert config.pad_token_id == hf_config.text_config.pad_token_id
     assert config.placeholder_ids == (hf_config.image_token_id, hf_config.video_token_id, hf_config.audio_token_id)
+    vision = config.vision
+    if isinstance(vision, UnifiedVisionConfig):
+        assert (vision.model_patch_size, vision.embed_dim, config.per_layer_input_size) == (12, 32, 0)
+        refused = [("vision_config", "output_proj_dims", 16, TTConfigError)]
+    else:
+        assert (vision.pooling, vision.patch_size, vision.standardize, config.per_layer_input_size) == (3, 4, True, 8)
+        refused = [("vision_config", "hidden_activation", "silu", TTUnsupportedFeatureError),
+                   ("vision_config", "head_dim", 6, TTConfigError)]
     with pytest.raises(TTConfigError, match="text_config/vision_config"):
-        Gemma4VLConfig.read(hf_config.text_config)
+        reader.read(hf_config.text_config)
     for section, name, value, error in (
-        ("vision_config", "hidden_activation", "silu", TTUnsupportedFeatureError),
-        ("vision_config", "head_dim", 6, TTConfigError),
+        *refused,
         ("text_config", "use_bidirectional_attention", "all", TTUnsupportedFeatureError),
         (None, "image_token_id", None, TTConfigError),
     ):
@@ -257,10 +291,14 @@ def test_config_reading_and_refusals(checkpoint):
         target = broken if section is None else getattr(broken, section)
         object.__setattr__(target, name, value)
         with pytest.raises(error, match=name):
-            Gemma4VLConfig.read(broken)
+            reader.read(broken)
 
 
-def test_registered_for_the_host_backend():
-    module, name = HOST_MODELS["TTGemma4ForConditionalGeneration"].split(":")
-    assert getattr(__import__(module, fromlist=[name]), name) is HostGemma4ForConditionalGeneration
-    assert check_model_class(HostGemma4ForConditionalGeneration, owner="host").supports_sample_on_device
+@pytest.mark.parametrize(("arch", "cls"), [("TTGemma4ForConditionalGeneration", HostGemma4ForConditionalGeneration),
+                                          ("TTGemma4UnifiedForConditionalGeneration",
+                                           HostGemma4UnifiedForConditionalGeneration)])
+def test_registered_for_the_host_backend(arch, cls):
+    module, name = HOST_MODELS[arch].split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is cls
+    assert check_model_class(cls, owner="host").supports_sample_on_device
+    assert cls.supports_multimodal

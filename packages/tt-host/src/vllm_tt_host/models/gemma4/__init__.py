@@ -1,6 +1,6 @@
 """Gemma 4 text: the Gemma 3 layers with per-layer KV shapes, KV-shared layers, proportional rope,
 per-layer input embeddings (the E-series) and routed experts (the MoE model), and the
-vision-language model on it (the Gemma 4 vision tower)."""
+vision-language models on it (the Gemma 4 vision tower; Unified: the encoder-free embedder)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ FAMILY = HostFamily(
     models={
         "TTGemma4ForCausalLM": "model:HostGemma4ForCausalLM",
         "TTGemma4ForConditionalGeneration": "vl:HostGemma4ForConditionalGeneration",
+        "TTGemma4UnifiedForConditionalGeneration": "unified:HostGemma4UnifiedForConditionalGeneration",
     },
     tiny=("gemma4", "gemma4_e", "gemma4_moe", "vllm_tt_testing.tiny_gemma4_vl"),
-    capabilities={"TTGemma4ForCausalLM": SLIDING, "TTGemma4ForConditionalGeneration": SLIDING},
+    capabilities={"TTGemma4ForCausalLM": SLIDING, "TTGemma4ForConditionalGeneration": SLIDING,
+                  "TTGemma4UnifiedForConditionalGeneration": {**SLIDING, "supports_prefix_caching": False}},
 )

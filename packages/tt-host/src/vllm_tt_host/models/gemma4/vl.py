@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as VllmGemma4
@@ -38,6 +38,7 @@ from vllm_tt_host.models.frame.vision import (
     text_and_vision,
 )
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
+from vllm_tt_host.models.gemma4.embedder import Gemma4UnifiedEmbedder, UnifiedVisionConfig
 from vllm_tt_host.models.gemma4.model import (
     Gemma4Config,
     Gemma4Decoder,
@@ -58,7 +59,8 @@ PLACEHOLDER_IDS: tuple[str, ...] = ("image_token_id", "video_token_id", "audio_t
 class Gemma4VLConfig(Gemma4Config):
     """The text decoder's numbers plus the vision tower's and the placeholder tokens'."""
 
-    vision: Gemma4VisionConfig = field(kw_only=True)
+    vision: Gemma4VisionConfig | UnifiedVisionConfig = field(kw_only=True)
+    """The vision tower's (Gemma 4 Unified: the encoder-free embedder's)."""
     image_token_id: int = field(kw_only=True)
     placeholder_ids: tuple[int, ...] = field(kw_only=True)
     """Every placeholder token (image, video, audio) of the checkpoint..."""
@@ -80,8 +82,12 @@ class Gemma4VLConfig(Gemma4Config):
             raise TTConfigError(f"{model}: text_config.pad_token_id", pad, f"below vocab_size={text.vocab_size}",
                                 "check the checkpoint's config.json")
         fields = {f.name: getattr(text, f.name) for f in dataclasses.fields(text)}
-        return cls(**fields, vision=Gemma4VisionConfig.from_hf(vision_config), image_token_id=ids["image_token_id"],
+        return cls(**fields, vision=cls.read_vision(vision_config), image_token_id=ids["image_token_id"],
                    placeholder_ids=tuple(ids.values()), pad_token_id=pad)
+
+    @staticmethod
+    def read_vision(hf_vision: Any) -> Gemma4VisionConfig | UnifiedVisionConfig:
+        return Gemma4VisionConfig.from_hf(hf_vision)
 
 
 def _token_id(hf_config: Any, name: str, model: str) -> int:
@@ -104,7 +110,7 @@ class PatchedImage:
 class Gemma4VLDecoder(Gemma4Decoder):
     config: Gemma4VLConfig
 
-    def __init__(self, config: Gemma4VLConfig, weights: Any, tower: Gemma4VisionTower) -> None:
+    def __init__(self, config: Gemma4VLConfig, weights: Any, tower: Gemma4VisionTower | Gemma4UnifiedEmbedder) -> None:
         super().__init__(config, weights)
         self.tower = tower
         self.placeholders = torch.tensor(config.placeholder_ids)
@@ -115,14 +121,20 @@ class Gemma4VLDecoder(Gemma4Decoder):
         names transformers 5 (or 4) wrote."""
         reader = WeightFolder(folder)
         text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
+        return cls(config, load_gemma4_weights(folder, config, text), cls.load_encoder(reader, config))
+
+    @staticmethod
+    def load_encoder(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4VisionTower | Gemma4UnifiedEmbedder:
+        """The image encoder: the vision tower and its embedder into the text width."""
+        vision = cast(Gemma4VisionConfig, config.vision)  # what read_vision makes
         tower = reader.prefix(VISION_PREFIXES, "patch_embedder.input_proj.weight", "vision tower")
         embedder = reader.prefix(EMBEDDER_PREFIXES, "embedding_projection.weight", "vision embedder")
-        weights = load_vision_weights(reader, tower, embedder, config.vision)
-        expected = (config.hidden_size, config.vision.hidden_size)
+        weights = load_vision_weights(reader, tower, embedder, vision)
+        expected = (config.hidden_size, vision.hidden_size)
         if tuple(weights.embedding.shape) != expected:
-            raise CheckpointError(f"{embedder}embedding_projection.weight in {folder} has shape "
+            raise CheckpointError(f"{embedder}embedding_projection.weight in {reader.folder} has shape "
                                   f"{tuple(weights.embedding.shape)}, config.json implies {expected}")
-        return cls(config, load_gemma4_weights(folder, config, text), Gemma4VisionTower(config.vision, weights))
+        return Gemma4VisionTower(vision, weights)
 
     def _as_text(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` with every placeholder token replaced by the pad token."""
