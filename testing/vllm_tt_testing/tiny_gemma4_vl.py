@@ -23,14 +23,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from vllm_tt_testing.tiny_vl import (
-    KINDS,
-    build_gemma_vl,
-    built,
-    gemma_tokenizer,
-    synthetic_image,
-    user_message,
-)
+from vllm_tt_testing.tiny_gemma3_vl import build_gemma_vl, gemma_tokenizer
+from vllm_tt_testing.tiny_vl import KINDS, built, synthetic_image, user_message
 
 __all__ = ["KINDS", "build_tiny_gemma4_unified", "build_tiny_gemma4_vl", "synthetic_image", "user_message"]
 

@@ -14,10 +14,12 @@ the next request is served. Prefix caching is off for this model (it declares no
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 from typing import Any
 
 import httpx
 import pytest
+from vllm_tt_testing import tiny_gemma3_vl
 from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_unified
 
@@ -36,7 +38,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-gemma4-unified-trained", build_tiny_gemma4_unified)
+    return cached("tiny-gemma4-unified-trained", build_tiny_gemma4_unified, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
 
 
 def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path):

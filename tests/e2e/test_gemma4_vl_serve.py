@@ -17,12 +17,14 @@ its image (vLLM then sends no pixels for it). Corrupt image bytes, a third image
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from vllm_tt_testing import tiny_gemma3_vl
 from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_vl
 
@@ -51,7 +53,7 @@ LONG_QUESTION = " ".join([vl_chat.QUESTION] * 16)
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl)
+    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
 
 
 @pytest.fixture(scope="module")
