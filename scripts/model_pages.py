@@ -365,11 +365,11 @@ def models_page() -> str:
             lines.append(f"| `{model.arch}` | `{model.target}` | {_class_summary(model_cls)} | "
                          f"{_declared(caps)} |")
         rest = [m.arch for m in load_registry(source, environ={}).entries() if m.source == BUILTIN]
-        lines += [
-            "",
+        lines += ["", (
             f"The builtin table's other architectures stay registered on `{source}` and resolve to "
-            f"tt-metal's classes: {', '.join(f'`{a}`' for a in rest)}.",
-        ]
+            f"tt-metal's classes: {', '.join(f'`{a}`' for a in rest)}." if rest else
+            f"Every architecture of the builtin table is served by `{source}`'s own classes."
+        )]
     return "\n".join(lines) + "\n"
 
 

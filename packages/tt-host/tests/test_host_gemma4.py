@@ -207,7 +207,7 @@ def test_config_reading_refuses_what_the_host_does_not_implement(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
     assert Gemma4Config.read(config, n_layers=5).layer_kv_sources == (0, 1, 2, 3, 3)
     for name, value, error in (
-        ("use_bidirectional_attention", "vision", TTUnsupportedFeatureError),
+        ("use_bidirectional_attention", "all", TTUnsupportedFeatureError),
         ("hidden_activation", "silu", TTUnsupportedFeatureError),
         ("num_kv_shared_layers", 4, TTConfigError),  # layer 2 (full) would have no earlier full layer
         ("per_layer_config", None, TTConfigError),

@@ -39,6 +39,7 @@ from vllm_tt_host.models.frame.mlp import gated_mlp
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
+from vllm_tt_host.models.frame.shapes import HostModelInputError
 
 if TYPE_CHECKING:
     from vllm_tt_host.models.frame.mtp import MtpModule
@@ -195,9 +196,11 @@ class HostDecoder:
         n, size = row.n, row.block_size
         window = self.config.window(index)
         first = paged_kv.first_block(torch.tensor([row.start]), window, size)
+        blocks = self._image_blocks(index, row.inserts)
+        if blocks is not None and window is not None and self.blocks_past_window:
+            first = torch.minimum(first, torch.tensor([self._block_keys_from(blocks, row, window)]) // size)
         pages_used, key_pos = paged_kv.key_span(page_row[None], first, row.last_block - int(first), size)
-        blocks = row.inserts.blocks if row.inserts is not None else None
-        mask = paged_kv.visible(key_pos, row.query_pos, window, blocks)
+        mask = paged_kv.visible(key_pos, row.query_pos, window, blocks, self.blocks_past_window)
         pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), row.positions[:n], size)
         q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, row.positions)
         if self.config.kv_source(index) == index:  # a KV-shared layer reads its source's KV
@@ -324,6 +327,31 @@ class HostDecoder:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embed[ids]
+
+    blocks_past_window = False
+    """Whether a query of a bidirectional block sees the whole block on a sliding layer (Gemma 4
+    Unified), not only the part inside its window (``paged_kv.visible``)."""
+
+    def _block_keys_from(self, blocks: torch.Tensor, row: PrefillPass, window: int) -> int:
+        """The first key position the blocks of the pass's queries reach (``blocks_past_window``):
+        the sliding group keeps only the window before the pass, so a block reaching further
+        (a start inside a block longer than the window) is refused."""
+        live = blocks[row.start : row.start + row.n]
+        ids = live[live >= 0].unique()
+        if ids.numel() == 0:
+            return row.start
+        earliest = int(torch.isin(blocks, ids).nonzero()[0])
+        if earliest < row.start - window + 1:
+            raise HostModelInputError(
+                f"a prefill pass from position {row.start} computes part of an image whose tokens from {earliest} "
+                f"on it attends to, further back than the sliding window ({window}) keeps: a chunk or "
+                "prefix-cache hit must not start inside such an image (serve without prefix caching)"
+            )
+        return earliest
+
+    def _image_blocks(self, index: int, inserts: PrefillInserts | None) -> torch.Tensor | None:
+        """The bidirectional blocks layer ``index`` attends with (Gemma 4: its sliding layers only)."""
+        return None if inserts is None else inserts.blocks
 
     def _per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """``[T, layers, d]``: what each layer adds beside the residual stream, from the token

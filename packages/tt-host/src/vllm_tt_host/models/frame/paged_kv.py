@@ -82,22 +82,28 @@ def first_block(positions: torch.Tensor, window: int | None, size: int) -> torch
 
 
 def visible(
-    key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None, blocks: torch.Tensor | None = None
+    key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None, blocks: torch.Tensor | None = None,
+    blocks_past_window: bool = False,
 ) -> torch.Tensor:
     """Causal mask ``[b, q, k]``: a query at ``p`` sees keys ``[0, p]``, or ``(p - window, p]``
     on a sliding-window layer (HF's convention: itself and the ``window - 1`` keys before it).
 
     ``blocks [positions]`` (one row's), when given, numbers bidirectional blocks (-1: none):
     a query also sees the later keys of its own block (Gemma 3's image tokens), the window
-    still applying to earlier keys. Positions past its end belong to no block."""
+    still applying to earlier keys, or (``blocks_past_window``, Gemma 4 Unified) not: the query
+    sees its whole block. Positions past its end belong to no block."""
     keys = key_pos[:, None, :]
     queries = query_pos[:, :, None]
     mask = keys <= queries
+    in_window = keys > queries - window if window is not None else None
     if blocks is not None:
         padded = torch.cat((blocks, blocks.new_full((1,), -1)))
         block_of = padded[key_pos.clamp(max=blocks.shape[0])]
         query_block = padded[query_pos.clamp(max=blocks.shape[0])]
-        mask |= (block_of[:, None, :] == query_block[:, :, None]) & (query_block[:, :, None] >= 0)
-    if window is not None:
-        mask &= keys > queries - window
+        same = (block_of[:, None, :] == query_block[:, :, None]) & (query_block[:, :, None] >= 0)
+        if blocks_past_window and in_window is not None:
+            return (mask & in_window) | same
+        mask |= same
+    if in_window is not None:
+        mask &= in_window
     return mask

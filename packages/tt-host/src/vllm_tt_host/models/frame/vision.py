@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vllm_tt_platform.errors import TTConfigError
 
 from vllm_tt_host.models.frame.config import model_name, positive_int, vision_activation
 from vllm_tt_host.models.frame.shapes import HostModelInputError
@@ -49,6 +50,15 @@ class VisionTowerConfig:
             "patch_size": positive_int(hf_vision, "patch_size", model),
             "activation": activation,
         }
+
+
+def text_and_vision(hf_config: Any, fix: str) -> tuple[Any, Any]:
+    """A vision-language config's ``text_config`` and ``vision_config``, both required (``fix``:
+    what to serve instead)."""
+    text, vision = getattr(hf_config, "text_config", None), getattr(hf_config, "vision_config", None)
+    if text is None or vision is None:
+        raise TTConfigError(f"{model_name(hf_config)}: text_config/vision_config", None, "both present", fix)
+    return text, vision
 
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -126,11 +136,12 @@ def live_images(spans: list[tuple[int, int]], start: int, images: list[Any] | No
     return {k: images[i] for k, i in zip(live, image_of, strict=True)}
 
 
-def computed_pixels(pixels: dict[int, torch.Tensor | None], row: int, start: int) -> list[torch.Tensor]:
+def computed_pixels[Pixels](pixels: dict[int, Pixels | None], row: int, start: int) -> list[Pixels]:
     """The pixels of the images a prefill pass of row ``row`` computes from position ``start``
     (``{placeholder run: pixels}``), in order. vLLM sends an image inside the prefix-cache hit
     without data (None), but no pass computes such an image: one it does compute must have its
-    pixels."""
+    pixels. ``Pixels``: an image's data as the family carries it (a tensor; Gemma 4: its
+    patches and their positions)."""
     missing = [k for k, p in pixels.items() if p is None]
     if missing:
         raise HostModelInputError(

@@ -30,7 +30,13 @@ from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM
 from vllm_tt_host.models.frame.inputs import PrefillRow
 from vllm_tt_host.models.frame.shapes import HostModelInputError
-from vllm_tt_host.models.frame.vision import computed_pixels, image_runs, live_images, per_row
+from vllm_tt_host.models.frame.vision import (
+    computed_pixels,
+    image_runs,
+    live_images,
+    per_row,
+    text_and_vision,
+)
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
 from vllm_tt_host.models.gemma3.model import (
     Gemma3Config,
@@ -64,12 +70,9 @@ class Gemma3VLConfig(Gemma3Config):
     def read(cls, hf_config: Any, family: str = "gemma3", *, n_layers: int | None = None) -> Gemma3VLConfig:
         """Read a ``Gemma3Config`` (``text_config`` + ``vision_config``)."""
         model = model_name(hf_config)
-        text_config, vision_config = getattr(hf_config, "text_config", None), getattr(hf_config, "vision_config", None)
-        if text_config is None or vision_config is None:
-            raise TTConfigError(
-                f"{model}: text_config/vision_config", None, "both present (model_type gemma3)",
-                "serve a Gemma 3 vision-language checkpoint, or a text one as Gemma3ForCausalLM",
-            )
+        text_config, vision_config = text_and_vision(
+            hf_config, "serve a Gemma 3 vision-language checkpoint, or a text one as Gemma3ForCausalLM",
+        )
         text = Gemma3Config.read(text_config, family, n_layers=n_layers)
         vision = SiglipConfig.from_hf(vision_config)
         tokens = getattr(hf_config, "mm_tokens_per_image", None)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from vllm_tt_host.models.frame.checkpoint import (
 )
 from vllm_tt_host.models.frame.config import (
     AttentionShape,
+    DecoderConfig,
     common_fields,
     layer_windows,
     model_name,
@@ -68,7 +69,6 @@ GEMMA4_ROPE_TYPES: tuple[str, ...] = ("default", "proportional")
 
 _UNIMPLEMENTED = "host reference models do not implement it; serve this model with a ttnn mesh"
 _REFUSED: dict[str, tuple[str, str]] = {
-    "use_bidirectional_attention": ("null (causal attention)", _UNIMPLEMENTED),
     "attention_bias": ("false", _UNIMPLEMENTED),
 }
 """Config fields the host math does not implement: the value it serves, and the fix."""
@@ -88,6 +88,9 @@ class Gemma4Config(Gemma3Config):
     """``num_experts`` of each layer's routed block (0: no ``enable_moe_block``)..."""
     experts_per_token: int = 0
     """...of which ``top_k_experts`` run for each token."""
+    images_both_ways: bool = False
+    """``use_bidirectional_attention: "vision"``: on the sliding layers the tokens of one image
+    attend to each other both ways (the full layers stay causal); text-only prompts are causal."""
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer]
@@ -113,6 +116,10 @@ class Gemma4Config(Gemma3Config):
                 f"{model}: hidden_activation", act, ", ".join(ACTIVATIONS), "serve this model with a ttnn mesh"
             )
         refuse_unimplemented(hf_config, model, _REFUSED)
+        bidirectional = getattr(hf_config, "use_bidirectional_attention", None)
+        if bidirectional not in (None, "vision"):
+            raise TTUnsupportedFeatureError(f"{model}: use_bidirectional_attention", bidirectional,
+                                            'null or "vision" (causal text)', _UNIMPLEMENTED)
         heads = positive_int(hf_config, "num_attention_heads", model)
         layers = positive_int(hf_config, "num_hidden_layers", model)
         if n_layers is not None:
@@ -139,6 +146,7 @@ class Gemma4Config(Gemma3Config):
             per_layer_input_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
             experts=experts,
             experts_per_token=top_k,
+            images_both_ways=bidirectional == "vision",
         )
 
 
@@ -416,8 +424,8 @@ class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
     and routed experts (26B-A4B), served through hybrid KV."""
 
     family = "gemma4"
-    config_type = Gemma4Config
-    decoder_type = Gemma4Decoder
+    config_type: ClassVar[type[DecoderConfig]] = Gemma4Config
+    decoder_type: ClassVar[type[HostDecoder]] = Gemma4Decoder
     model_capabilities = HybridKVCausalLM.model_capabilities
     """Gemma 3 text's less mixed steps (not proven for Gemma 4's KV-shared layers)."""
 
