@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("multi_host_bench", REPO / "benchmarks" / "multi_host_bench.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from vllm_tt_testing.bench_module import load_benchmark
 
 
 def test_report_compares_two_hosts_with_one(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = load_benchmark("multi_host_bench")
 
     def fake_run(case, root: Path) -> dict[str, Any]:
         one = {"tokens": 100, "wall_s": 10.0, "wall_tokens_per_s": 10.0, "device_s_per_engine": {"0": 5.0},
@@ -42,7 +31,7 @@ def test_report_compares_two_hosts_with_one(tmp_path: Path) -> None:
 
 
 def test_one_case_keeps_the_other_cases_last_results(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = load_benchmark("multi_host_bench")
 
     def run(case) -> dict[str, Any]:
         host = {"tokens": 1, "wall_s": 1.0, "wall_tokens_per_s": 1.0, "device_s_per_engine": {"0": 1.0},
@@ -57,13 +46,13 @@ def test_one_case_keeps_the_other_cases_last_results(tmp_path: Path) -> None:
 
 
 def test_cases_split_the_same_per_host_mesh() -> None:
-    cases = _bench().CASES
+    cases = load_benchmark("multi_host_bench").CASES
     assert cases["dense"].dense and cases["dense"].ranks_per_host == 1
     assert cases["lanes"].mesh == "TG" and cases["lanes"].ranks_per_host == 4
 
 
 def test_engine_totals_sum_each_engines_series(monkeypatch) -> None:
-    bench = _bench()
+    bench = load_benchmark("multi_host_bench")
     metrics = "\n".join([
         '# HELP vllm_tt:steps_total Engine steps', 'vllm_tt:steps_total{engine="0",phase="decode"} 30.0',
         'vllm_tt:steps_total{engine="0",phase="prefill"} 4.0', 'vllm_tt:decode_rows_used_total{engine="0"} 240.0',

@@ -4,26 +4,14 @@ beats serving them alone on the modelled clock, and every prompt's latency is co
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("pooling_bench", REPO / "benchmarks" / "pooling_bench.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from vllm_tt_testing.bench_module import load_benchmark
 
 
 def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = load_benchmark("pooling_bench")
     out_json, out_md = tmp_path / "pooling_bench.json", tmp_path / "pooling_bench.md"
     assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
     result = json.loads(out_json.read_text())
@@ -40,7 +28,7 @@ def test_quick_run_writes_json_and_markdown(tmp_path: Path) -> None:
 def test_eight_queued_queries_cost_about_one_weight_stream() -> None:
     from vllm_tt_platform.config.pooling_shapes import PoolingShapes
 
-    bench = _bench()
+    bench = load_benchmark("pooling_bench")
     costs = bench.costs_of("bge-large@N150")
     shapes = PoolingShapes.resolve(None, bench.MAX_NUM_SEQS, bench.MAX_MODEL_LEN)
     lengths, times = [20] * 8, [0.0] * 8  # all queued at once
