@@ -68,3 +68,42 @@ def test_clock_quick_run_reports_what_users_feel_for_five_schedulers_on_two_mesh
     }
     assert "| tt-mixed-slo |" in table and "Mixed steps' targets" in table
     assert "On the modelled device clock of llama-3.3-70b@TG" in table and "| tt-cost |" in table
+
+
+def test_disagg_quick_run_compares_one_prefill_and_one_decode_engine_with_two_colocated(tmp_path: Path) -> None:
+    result, table = run_quick("disagg_bench", tmp_path)
+    assert result["schema_version"] == 1 and result["slo"] == {"ttft_decode_steps": 10.0, "itl_decode_steps": 1.25}
+    rows, requests = result["rows"], result["plan"]["num_requests"]
+    assert {(row["cost_model"], row["setup"]) for row in rows} == {
+        (model, setup) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG")
+        for setup in ("stock", "tt-steps", "tt-cost", "tt-mixed", "disagg-tt-steps", "disagg-tt-cost", "disagg-tt-mixed")
+    }
+    for row in rows:
+        assert 0 < row["ttft_mean_ms"] <= row["ttft_p99_ms"] and 0 < row["itl_mean_ms"] <= row["itl_p99_ms"]
+        assert 0 <= row["goodput"] <= 1
+        engines = {engine["role"]: engine for engine in row["engines"]}
+        if row["disaggregated"]:
+            # Every request is prefilled on one engine and decoded on the other; the prefill engine
+            # never decodes; the decode engine recomputes prompt tails in prefill steps, or in mixed
+            # steps beside its decodes where the model has them.
+            assert set(engines) == {"prefill", "decode"}
+            assert engines["prefill"]["requests"] == engines["decode"]["requests"] == requests
+            assert engines["prefill"]["prefill_steps"] > 0
+            assert engines["prefill"]["decode_steps"] == engines["prefill"]["mixed_steps"] == 0
+            decode = engines["decode"]
+            assert decode["decode_steps"] > decode["prefill_steps"] + decode["mixed_steps"] > 0
+            assert row["goodput_vs_colocated"] is not None and row["goodput_vs_stock"] is not None
+        else:
+            # The load balancer gives both co-located engines a share of the trace.
+            assert set(engines) == {"co-located 0", "co-located 1"}
+            assert sum(e["requests"] for e in engines.values()) == requests and min(
+                e["requests"] for e in engines.values()) > 0
+            assert row["goodput_vs_colocated"] is None
+        if row["policy"] in ("tt-steps", "tt-cost"):
+            assert all(e["mixed_steps"] == 0 for e in engines.values())
+    disaggregated = {"disagg-tt-steps", "disagg-tt-cost", "disagg-tt-mixed"}
+    assert {(c["cost_model"], c["setup"]) for c in result["crossover"]} == {
+        (model, setup) for model in ("llama-3.1-8b@N150", "llama-3.3-70b@TG") for setup in disaggregated
+    }
+    assert {t["setup"] for t in result["target"]} == disaggregated
+    assert "| disagg-tt-cost |" in table and "Crossover" in table and "Target:" in table
