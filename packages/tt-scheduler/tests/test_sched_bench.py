@@ -1,28 +1,40 @@
-"""benchmarks/scheduler_bench.py and clock_bench.py --quick run and write the documented result
-schemas (smoke tests: no timing is asserted)."""
+"""benchmarks/scheduler_bench.py, clock_bench.py and disagg_bench.py --quick run and write the
+documented result schemas (smoke tests: no timing is asserted); the disaggregated clock prices
+one request's steps and transfers as documented, and co-located engines share arrivals."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
-def run_quick(name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+@contextmanager
+def loaded(name: str) -> Iterator[Any]:
+    """The benchmark module ``benchmarks/{name}.py``, loaded by path."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     sys.modules[name] = bench  # dataclasses resolve their module
     try:
         spec.loader.exec_module(bench)
-        out_json, out_md = tmp_path / f"{name}.json", tmp_path / f"{name}.md"
-        assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
+        yield bench
     finally:
         del sys.modules[name]
+
+
+def run_quick(name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    out_json, out_md = tmp_path / f"{name}.json", tmp_path / f"{name}.md"
+    with loaded(name) as bench:
+        assert bench.main(["--quick", "--json", str(out_json), "--markdown", str(out_md)]) == 0
     return json.loads(out_json.read_text()), out_md.read_text()
 
 
@@ -107,3 +119,33 @@ def test_disagg_quick_run_compares_one_prefill_and_one_decode_engine_with_two_co
     }
     assert {t["setup"] for t in result["target"]} == disaggregated
     assert "| disagg-tt-cost |" in table and "Crossover" in table and "Target:" in table
+
+
+def test_disagg_clock_prices_the_prefill_the_kv_transfer_each_way_and_the_recomputed_tail() -> None:
+    """One request of 200 prompt tokens and 3 outputs, alone: its first token comes at the end of
+    the prefill engine's step plus the store of its 192 whole-block tokens; the decode engine then
+    loads them, recomputes the 8-token tail after them and decodes twice over the whole context."""
+    with loaded("disagg_bench") as bench:
+        Arrival, TraceSpec = bench.Arrival, bench.TraceSpec
+        assert [bench.loaded_tokens(n) for n in (1, 64, 65, 128, 129, 200)] == [0, 0, 64, 64, 128, 192]
+        cost, spec = bench.StepCost.of("llama-3.1-8b@N150"), TraceSpec(num_requests=1, load=0.8)
+        costs = cost.costs
+        result = bench.disaggregated(bench.Setup("tt-steps", True), 0.8, spec, [Arrival(0, "r0", 200, 3)], cost)
+        first = cost.seconds([(200, 0)], 0, 0) + costs.kv_transfer_s(192)
+        tail = cost.seconds([(8, 192)], 0, 0) + costs.kv_transfer_s(192)
+        gaps = [tail + costs.decode_s(200), costs.decode_s(201)]
+        assert result["ttft_mean_ms"] == pytest.approx(first * 1e3)
+        assert result["itl_mean_ms"] == pytest.approx(sum(gaps) / 2 * 1e3)
+        prefill, decode = result["engines"]
+        assert (prefill["prefill_steps"], prefill["decode_steps"]) == (1, 0)
+        assert (decode["prefill_steps"], decode["decode_steps"]) == (1, 2)
+
+
+def test_colocated_engines_take_arrivals_least_loaded_first() -> None:
+    """Four requests arriving together spread two and two over the co-located engines."""
+    with loaded("disagg_bench") as bench:
+        Arrival, TraceSpec = bench.Arrival, bench.TraceSpec
+        cost, spec = bench.StepCost.of("llama-3.1-8b@N150"), TraceSpec(num_requests=4, load=0.8)
+        trace = [Arrival(0, f"r{i}", 100, 4) for i in range(4)]
+        result = bench.colocated(bench.Setup("tt-steps"), 0.8, spec, trace, cost)
+        assert [engine["requests"] for engine in result["engines"]] == [2, 2]
