@@ -160,5 +160,5 @@ def bench(session: nox.Session) -> None:
     _install(session, NEWEST)
     for script in ("scheduler_bench.py", "clock_bench.py", "sampling_bench.py", "async_bench.py",
                    "lanes_bench.py", "spec_bench.py", "draft_bench.py", "multi_host_bench.py", "offload_bench.py",
-                   "pooling_bench.py"):
+                   "pooling_bench.py", "disagg_bench.py"):
         session.run("python", f"benchmarks/{script}", *session.posargs, env=TEST_ENV)

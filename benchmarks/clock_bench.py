@@ -17,10 +17,7 @@ frontier. No model runs (``vllm_tt_testing.scheduler_sim``). Writes JSON and a m
 
 from __future__ import annotations
 
-import argparse
-import platform
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,10 +31,12 @@ from device_clock import (  # noqa: E402
     SLO_TTFT_STEPS,
     StepCost,
     TimedDriver,
+    clock_parser,
+    narrowed,
     timed_markdown,
     versus_stock,
 )
-from report import write_results  # noqa: E402
+from report import recorded, write_results  # noqa: E402
 from scheduler_bench import ENGINES, EngineSpec, Run, simulated_engine  # noqa: E402
 from workload import TraceSpec, make_trace, run_alternating  # noqa: E402
 
@@ -175,34 +174,18 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 30 requests, one load")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
-    parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN)
-    parser.add_argument("--requests", type=int, default=None, help="override the trace length")
-    parser.add_argument("--cost-model", choices=COST_MODELS, default=None, help="run one cost model only")
+    parser = clock_parser(__doc__ or "", "smoke run: 30 requests, one load", DEFAULT_JSON, DEFAULT_MARKDOWN,
+                          "run these loads only (and no prefill_hold frontier)")
     parser.add_argument("--engine", choices=("ample", "pressure"), default=None, help="run one KV pool only")
-    parser.add_argument("--loads", type=float, nargs="+", default=None,
-                        help="run these loads only (and no prefill_hold frontier)")
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.requests is not None:
-        plan = replace(plan, num_requests=args.requests)
-    if args.cost_model is not None:
-        plan = replace(plan, cost_models=(args.cost_model,))
+    plan = narrowed(QUICK if args.quick else FULL, args)
     if args.engine is not None:
         plan = replace(plan, engines=(args.engine,))
     if args.loads is not None:
-        plan = replace(plan, loads=tuple(args.loads), frontier_loads=())
-    started = time.perf_counter()
-    result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "quick": args.quick,
-                              "trace": asdict(TraceSpec(num_requests=plan.num_requests)), "plan": asdict(plan)}
-    result.update(benchmark(plan))
-    import vllm
-
-    result["vllm"] = vllm.__version__
-    result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    result["seconds"] = time.perf_counter() - started
+        plan = replace(plan, frontier_loads=())
+    result = recorded({"schema_version": SCHEMA_VERSION, "quick": args.quick,
+                       "trace": asdict(TraceSpec(num_requests=plan.num_requests)), "plan": asdict(plan)},
+                      lambda: benchmark(plan))
     write_results(result, args.json, args.markdown, markdown(result))
     return 0
 

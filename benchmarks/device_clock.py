@@ -11,10 +11,15 @@ and goodput, the share of requests meeting both SLOs (``SLO_TTFT_STEPS``, ``SLO_
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Any
+from argparse import ArgumentParser, Namespace
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from workload import Arrival, TraceDriver, TraceSpec
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SLO_TTFT_STEPS = 10.0
 """Goodput's TTFT bound, in decode-step times (``StepCost.slo_unit_s``)."""
@@ -141,28 +146,40 @@ class TimedDriver(TraceDriver):
         self.clock += self.cost.seconds(prefill, decodes, context)
         self.ends[record.index] = self.clock
 
-    def result(self) -> TimedResult:
+    def token_times_s(self) -> dict[str, list[float]]:
+        """When each request got each of its tokens, in seconds on this driver's clock."""
+        return {req_id: [self.ends[step] for step in log.token_steps] for req_id, log in self.sim.logs.items()}
+
+    def step_mix(self) -> dict[str, Any]:
+        """Engine steps by phase: prefill, decode and mixed (stock's, or a model's captured ones)."""
         from vllm_tt_scheduler import Phase
 
-        ttfts, gaps, good = [], [], 0
-        for req_id, log in self.sim.logs.items():
-            times = [self.ends[step] for step in log.token_steps]
-            ttft = times[0] - self.arrived[req_id]
-            own = [b - a for a, b in zip(times, times[1:], strict=False)]
-            ttfts.append(ttft)
-            gaps += own
-            mean_itl = statistics.fmean(own) if own else 0.0
-            good += ttft <= SLO_TTFT_STEPS * self.slo_unit and mean_itl <= SLO_ITL_STEPS * self.slo_unit
-        ms = 1e3
+        return {"prefill_steps": self.phases[Phase.PREFILL], "decode_steps": self.phases[Phase.DECODE],
+                "mixed_steps": self.phases[None] + self.phases[Phase.MIXED]}
+
+    def result(self) -> TimedResult:
         return TimedResult(
-            **self.label, slo_unit_ms=self.slo_unit * ms,
-            ttft_mean_ms=statistics.fmean(ttfts) * ms, ttft_p99_ms=p99(ttfts) * ms,
-            itl_mean_ms=statistics.fmean(gaps) * ms, itl_p99_ms=p99(gaps) * ms,
-            goodput=good / len(ttfts), prefill_steps=self.phases[Phase.PREFILL],
-            decode_steps=self.phases[Phase.DECODE], mixed_steps=self.phases[None] + self.phases[Phase.MIXED],
+            **self.label, slo_unit_ms=self.slo_unit * 1e3,
+            **latencies(self.arrived, self.token_times_s(), self.slo_unit), **self.step_mix(),
             preemptions=self.preemptions,
             host_us_per_step=(self.sim.host.schedule + self.sim.host.update) * 1e6 / max(self.sim.host.steps, 1),
         )
+
+
+def latencies(arrived: dict[str, float], token_times: dict[str, list[float]], slo_unit: float) -> dict[str, Any]:
+    """Mean and p99 TTFT and ITL in ms, and goodput (both SLOs met, in ``slo_unit`` seconds), of
+    requests that arrived at ``arrived`` seconds and got their tokens at ``token_times``."""
+    ttfts, gaps, good = [], [], 0
+    for req_id, times in token_times.items():
+        ttft = times[0] - arrived[req_id]
+        own = [b - a for a, b in zip(times, times[1:], strict=False)]
+        ttfts.append(ttft)
+        gaps += own
+        mean_itl = statistics.fmean(own) if own else 0.0
+        good += ttft <= SLO_TTFT_STEPS * slo_unit and mean_itl <= SLO_ITL_STEPS * slo_unit
+    ms = 1e3
+    return {"ttft_mean_ms": statistics.fmean(ttfts) * ms, "ttft_p99_ms": p99(ttfts) * ms,
+            "itl_mean_ms": statistics.fmean(gaps) * ms, "itl_p99_ms": p99(gaps) * ms, "goodput": good / len(ttfts)}
 
 
 def versus_stock(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,14 +195,11 @@ def versus_stock(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def timed_markdown(timed: dict[str, Any]) -> list[str]:
     """One table per cost model: every run, TT relative to stock at the same KV pool and load."""
     slo = timed["slo"]
-    lines = []
+    lines: list[str] = []
     for model in timed["cost_models"]:
         rows = [row for row in timed["rows"] if row["cost_model"] == model]
         lines += [
-            f"On the modelled device clock of {model} (SLO unit: one full-batch decode step, "
-            f"{rows[0]['slo_unit_ms']:.1f} ms; goodput: TTFT <= {slo['ttft_decode_steps']:g} and mean ITL <= "
-            f"{slo['itl_decode_steps']:g} of those):",
-            "",
+            *clock_heading(model, rows[0]["slo_unit_ms"], slo),
             "| KV pool | load | scheduler | prefill_hold | TTFT mean / p99 (ms) | ITL mean / p99 (ms) | goodput "
             "| TTFT vs stock | ITL vs stock | goodput vs stock | prefill / decode / mixed steps | preemptions "
             "| host cost per step vs stock |",
@@ -206,3 +220,33 @@ def timed_markdown(timed: dict[str, Any]) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def clock_heading(model: str, slo_unit_ms: float, slo: dict[str, float]) -> list[str]:
+    """The line above a cost model's table: its SLO unit and what goodput counts."""
+    return [f"On the modelled device clock of {model} (SLO unit: one full-batch decode step, {slo_unit_ms:.1f} ms; "
+            f"goodput: TTFT <= {slo['ttft_decode_steps']:g} and mean ITL <= {slo['itl_decode_steps']:g} of those):", ""]
+
+
+def clock_parser(doc: str, quick_help: str, json_path: Path, markdown_path: Path, loads_help: str) -> ArgumentParser:
+    """A clock bench's command line: ``--quick``, where to write, and what to narrow the plan to."""
+    parser = ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", type=Path, default=json_path)
+    parser.add_argument("--markdown", type=Path, default=markdown_path)
+    parser.add_argument("--requests", type=int, default=None, help="override the trace length")
+    parser.add_argument("--cost-model", choices=COST_MODELS, default=None, help="run one cost model only")
+    parser.add_argument("--loads", type=float, nargs="+", default=None, help=loads_help)
+    return parser
+
+
+def narrowed[PlanT: DataclassInstance](plan: PlanT, args: Namespace) -> PlanT:
+    """``plan`` (a dataclass with ``num_requests``, ``cost_models`` and ``loads``) as the command
+    line of ``clock_parser`` narrows it."""
+    if args.requests is not None:
+        plan = replace(plan, num_requests=args.requests)
+    if args.cost_model is not None:
+        plan = replace(plan, cost_models=(args.cost_model,))
+    if args.loads is not None:
+        plan = replace(plan, loads=tuple(args.loads))
+    return plan

@@ -18,6 +18,22 @@ def write_results(result: dict[str, Any], json_path: Path, markdown_path: Path, 
     print(f"wrote {json_path} and {markdown_path}")
 
 
+def recorded(result: dict[str, Any], benchmark: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``result`` with what ``benchmark()`` returns, the vLLM version, the machine and the seconds it took."""
+    import platform
+    import sys
+    import time
+
+    import vllm
+
+    started = time.perf_counter()
+    result.update(benchmark())
+    result["vllm"] = vllm.__version__
+    result["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
 def targets_lines(targets: dict[str, bool]) -> list[str]:
     """A benchmark table's closing line: each target and whether it was met."""
     return ["", "Targets: " + ", ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in targets.items())]

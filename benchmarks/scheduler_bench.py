@@ -58,6 +58,7 @@ ENGINES = {
     "ample": EngineSpec(),
     "pressure": EngineSpec(kv_fraction=0.35),
     "trace256": EngineSpec(prefill_trace_max=256),
+    "decode64": EngineSpec(max_num_seqs=64),  # disagg_bench's decode engine: both devices' slots on one
 }
 
 
