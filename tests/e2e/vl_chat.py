@@ -140,8 +140,12 @@ LANES = 2
 
 def lane_serve(rows: int, trace: Path) -> tuple[tuple[str, ...], dict[str, str]]:
     """``vllm serve`` arguments and environment for ``LANES`` lanes of ``rows`` rows, with the
-    lane coordinator's step trace written to ``trace``."""
-    args = ("--max-num-seqs", str(rows), "--data-parallel-size", str(LANES), "--api-server-count", "1")
+    lane coordinator's step trace written to ``trace``. Every program takes at least 20 ms of
+    modelled device time, so that concurrent requests overlap on the engine even when a loaded
+    machine hands them over slowly (placement goes to the least loaded lane: requests that
+    never overlap would all land in lane 0)."""
+    args = ("--max-num-seqs", str(rows), "--data-parallel-size", str(LANES), "--api-server-count", "1",
+            "--additional-config.tt.host_device_time", "20ms")
     return args, {"MESH_DEVICE": "TG", "TT_STEP_TRACE": str(trace)}
 
 
