@@ -1,6 +1,8 @@
-"""A tiny BERT embedding checkpoint built from nothing: a WordPiece tokenizer trained on the host
+"""Tiny BERT-style checkpoints built from nothing: a WordPiece tokenizer trained on the host
 package's corpus (``[CLS] text [SEP]``, lower-cased, as BERT's), a 2-layer ``BertModel`` with
-seeded random weights, saved with ``save_pretrained`` so vLLM and transformers load it offline.
+seeded random weights, saved with ``save_pretrained`` so vLLM and transformers load it offline;
+and their XLM-RoBERTa twins (a Unigram tokenizer, ``<s> a </s></s> b </s>`` as XLM-R's, one
+token type, positions from ``pad_token_id + 1``).
 
 Random weights are enough for pooling parity: every input gets its own vector (see ``RECIPE``), and the
 transformers model of the same folder is the oracle (``hf_embeddings``)."""
@@ -12,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_vl import built
+from vllm_tt_testing.tiny_vl import built, save
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+XLMR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+"""XLM-R's first ids (``<pad>`` is 1: its position table starts at row 2)."""
 VOCAB = 1024
 MAX_POSITIONS = 128
 STAMP = ".vllm-tt-tiny-bert.json"
@@ -26,7 +30,6 @@ CLS vector (pairwise cosine 0.99999), which would make a cosine parity check mea
 
 
 def build_tokenizer() -> Any:
-    import vllm_tt_host.tiny as tiny
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -35,7 +38,7 @@ def build_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=list(SPECIALS), show_progress=False)
-    tok.train_from_iterator([p for p in tiny.corpus_text().split("\n\n") if p.strip()], trainer=trainer)
+    tok.train_from_iterator(_paragraphs(), trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -47,33 +50,59 @@ def build_tokenizer() -> Any:
     )
 
 
+def build_xlmr_tokenizer() -> Any:
+    """A Unigram (SentencePiece-style) tokenizer with XLM-R's specials and pair template; like
+    XLM-R's, it sends no token types."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=list(XLMR_SPECIALS), unk_token="<unk>",
+                                      show_progress=False)
+    tok.train_from_iterator(_paragraphs(), trainer=trainer)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", sep_token="</s>",
+        pad_token="<pad>", cls_token="<s>", mask_token="<mask>", model_max_length=MAX_POSITIONS,
+        model_input_names=["input_ids", "attention_mask"], clean_up_tokenization_spaces=False,
+    )
+
+
+def _paragraphs() -> list[str]:
+    import vllm_tt_host.tiny as tiny
+
+    return [p for p in tiny.corpus_text().split("\n\n") if p.strip()]
+
+
 def _build(out: Path, arch: str, recipe: dict[str, Any]) -> Path:
     """Write the ``arch`` checkpoint of ``recipe`` into ``out`` (idempotent: a matching stamp
     means it is there)."""
     if built(out, STAMP, recipe):
         return out
-    import json
-
     import torch
     import transformers
-    from transformers import BertConfig
 
-    tokenizer = build_tokenizer()
-    config = BertConfig(
+    xlmr = arch.startswith("XLMRoberta")
+    tokenizer = build_xlmr_tokenizer() if xlmr else build_tokenizer()
+    # XLM-R's position table has pad_token_id + 1 rows before the first token's.
+    positions = MAX_POSITIONS + tokenizer.pad_token_id + 1 if xlmr else MAX_POSITIONS
+    config = (transformers.XLMRobertaConfig if xlmr else transformers.BertConfig)(
         vocab_size=len(tokenizer), hidden_size=recipe["hidden"], num_hidden_layers=recipe["layers"],
         num_attention_heads=recipe["heads"], intermediate_size=recipe["intermediate"],
-        max_position_embeddings=MAX_POSITIONS, pad_token_id=tokenizer.pad_token_id, architectures=[arch],
+        max_position_embeddings=positions, type_vocab_size=1 if xlmr else 2, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, architectures=[arch],
         initializer_range=recipe["init_std"],
     )
     config.num_labels = recipe.get("labels", 2)
     torch.manual_seed(recipe["seed"])
     model_cls = getattr(transformers, arch)
     model = (model_cls(config, add_pooling_layer=False) if arch == "BertModel" else model_cls(config)).eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / STAMP).write_text(json.dumps(recipe))
-    return out
+    return save(out, model, tokenizer, STAMP, recipe)
 
 
 def tiny_bert() -> Path:
@@ -90,6 +119,17 @@ def tiny_cross_encoder() -> Path:
     return cached("tiny-bert-cross-encoder",
                   lambda out: _build(out, "BertForSequenceClassification", CROSS_ENCODER_RECIPE),
                   CROSS_ENCODER_RECIPE)
+
+
+XLMR_CROSS_ENCODER_RECIPE: dict[str, Any] = {**CROSS_ENCODER_RECIPE, "arch": "XLMRobertaForSequenceClassification"}
+"""bge-reranker-v2-m3's shape at tiny size: an XLM-R encoder and one relevance label."""
+
+
+def tiny_xlmr_cross_encoder() -> Path:
+    """The cached tiny XLM-R cross-encoder reranker (``XLMRobertaForSequenceClassification``, one label)."""
+    return cached("tiny-xlmr-cross-encoder",
+                  lambda out: _build(out, "XLMRobertaForSequenceClassification", XLMR_CROSS_ENCODER_RECIPE),
+                  XLMR_CROSS_ENCODER_RECIPE)
 
 
 CLASSIFIER_RECIPE: dict[str, Any] = {**RECIPE, "labels": 3, "seed": 2}

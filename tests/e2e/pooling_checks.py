@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import numpy as np
 import torch
 
@@ -20,3 +21,18 @@ def assert_close(got: Any, want: torch.Tensor) -> None:
     rows = torch.tensor(np.asarray(got, dtype=np.float32))
     cosine = torch.nn.functional.cosine_similarity(rows, want, dim=-1)
     assert cosine.min().item() >= COSINE, cosine.tolist()
+
+
+def served_scores(url: str, model: str, query: str, documents: list[str] | str) -> torch.Tensor:
+    """``/score`` of ``query`` against ``documents``, in request order."""
+    body = httpx.post(f"{url}/score", json={"model": model, "queries": query, "documents": documents}, timeout=120)
+    assert body.status_code == 200, body.text
+    return torch.tensor([d["score"] for d in sorted(body.json()["data"], key=lambda d: d["index"])])
+
+
+def served_ranking(url: str, model: str, query: str, documents: list[str]) -> tuple[list[int], torch.Tensor]:
+    """``/rerank``'s document indices, best first, and their relevance scores."""
+    body = httpx.post(f"{url}/rerank", json={"model": model, "query": query, "documents": documents}, timeout=120)
+    assert body.status_code == 200, body.text
+    results = body.json()["results"]
+    return [r["index"] for r in results], torch.tensor([r["relevance_score"] for r in results])

@@ -5,13 +5,12 @@ token types reach the model), in the same ranking, batched and one pair per requ
 
 from __future__ import annotations
 
-import httpx
 import pytest
 import torch
 from vllm_tt_testing.tiny_bert import hf_scores, inputs_of_lengths, tiny_cross_encoder
 
 from tests.e2e.helpers import serve
-from tests.e2e.pooling_checks import TINY_BERT_ARGS
+from tests.e2e.pooling_checks import TINY_BERT_ARGS, served_ranking, served_scores
 
 pytestmark = pytest.mark.e2e
 
@@ -50,22 +49,16 @@ def test_scores_spread(reference):
 
 
 def test_score_equals_transformers(url, documents, reference):
-    body = httpx.post(f"{url}/score", json={"model": "tiny-reranker", "queries": QUERY, "documents": documents},
-                      timeout=120).json()
-    got = torch.tensor([d["score"] for d in sorted(body["data"], key=lambda d: d["index"])])
-    torch.testing.assert_close(got, reference, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(served_scores(url, "tiny-reranker", QUERY, documents), reference,
+                               atol=TOLERANCE, rtol=0)
 
 
 def test_rerank_keeps_the_ranking(url, documents, reference):
-    body = httpx.post(f"{url}/rerank", json={"model": "tiny-reranker", "query": QUERY, "documents": documents},
-                      timeout=120).json()
-    ranked = [r["index"] for r in body["results"]]
+    ranked, got = served_ranking(url, "tiny-reranker", QUERY, documents)
     assert ranked == torch.argsort(reference, descending=True).tolist()
-    got = torch.tensor([r["relevance_score"] for r in body["results"]])
     torch.testing.assert_close(got, reference[ranked], atol=TOLERANCE, rtol=0)
 
 
 def test_each_pair_alone_equals_transformers(url, documents, reference):
-    got = [httpx.post(f"{url}/score", json={"model": "tiny-reranker", "queries": QUERY, "documents": d},
-                      timeout=60).json()["data"][0]["score"] for d in documents[:6]]
-    torch.testing.assert_close(torch.tensor(got), reference[:6], atol=TOLERANCE, rtol=0)
+    got = torch.cat([served_scores(url, "tiny-reranker", QUERY, d) for d in documents[:6]])
+    torch.testing.assert_close(got, reference[:6], atol=TOLERANCE, rtol=0)

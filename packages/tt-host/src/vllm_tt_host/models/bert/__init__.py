@@ -1,4 +1,5 @@
-"""BERT-style encoders on the host mesh: a pooling model family (bge-large / bge-m3 shape).
+"""BERT-style encoders on the host mesh: a pooling model family (bge-large / bge-m3 shape; BERT
+and XLM-RoBERTa, bge-reranker-v2-m3's shape).
 
 Self-contained: its config reading, weights and math live here; it shares with the decoder
 families only the checkpoint-folder lookup and the trace emulation of the host device.
@@ -13,10 +14,14 @@ FAMILY = HostFamily(
     models={
         "TTBertModel": "model:HostBertModel",
         "TTBertForSequenceClassification": "model:HostBertForSequenceClassification",
+        "TTXLMRobertaModel": "model:HostXLMRobertaModel",
+        "TTXLMRobertaForSequenceClassification": "model:HostXLMRobertaForSequenceClassification",
     },
     tiny=("vllm_tt_testing.tiny_bert",),
     capabilities={
         "TTBertModel": {"pooling_model": True},
         "TTBertForSequenceClassification": {"pooling_model": True, "pooled_outputs": True},
+        "TTXLMRobertaModel": {"pooling_model": True},
+        "TTXLMRobertaForSequenceClassification": {"pooling_model": True, "pooled_outputs": True},
     },
 )

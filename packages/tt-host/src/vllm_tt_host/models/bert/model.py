@@ -1,8 +1,9 @@
 """``HostBertModel``: a BERT-style encoder served as a TT pooling model (``pool_forward``).
 
 Bidirectional attention over each row's real tokens (padding keys masked), learned absolute
-positions, post-norm layers: the math of transformers' ``BertModel``, returning the last hidden
-states; the runner pools them. Programs run at the fixed (batch, length) shapes warmup captured,
+positions, post-norm layers: the math of transformers' ``BertModel`` and ``XLMRobertaModel``
+(which differ only in where positions start and in the classification head's names), returning
+the last hidden states; the runner pools them. Programs run at the fixed (batch, length) shapes warmup captured,
 as traces do on a device: a traced call at any other shape is an error.
 """
 
@@ -18,9 +19,12 @@ from torch.nn import functional as F
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.bert.config import EncoderConfig
 from vllm_tt_host.models.bert.weights import (
+    BERT_HEAD,
+    ROBERTA_HEAD,
     CheckpointTensors,
     ClassifierWeights,
     EncoderWeights,
+    HeadLayout,
     Norm,
     load_classifier_weights,
     load_encoder_weights,
@@ -31,7 +35,7 @@ from vllm_tt_host.models.frame.vllm_surface import VllmInspectionSurface
 
 
 class HostBertModel(VllmInspectionSurface):
-    """transformers' ``BertModel`` (bge-large, bge-m3's encoder shape) on the host mesh."""
+    """transformers' ``BertModel`` (bge-large's shape) on the host mesh."""
 
     model_capabilities: ClassVar[dict[str, Any]] = {"pooling_model": True}
     # What vLLM's class inspection reads for a pooling architecture (bge pools the CLS token).
@@ -54,10 +58,11 @@ class HostBertModel(VllmInspectionSurface):
                               max_seq_len: int, tt_data_parallel: int = 1, optimizations: str | None = None,
                               ) -> HostBertModel:
         config = EncoderConfig.from_hf(hf_config)
-        if max_seq_len > config.max_positions:
+        if max_seq_len > config.max_length:
             raise HostModelInputError(
-                f"max_seq_len {max_seq_len} exceeds the encoder's max_position_embeddings "
-                f"{config.max_positions}; serve with --max-model-len {config.max_positions} or less"
+                f"max_seq_len {max_seq_len} exceeds the {config.max_length} positions of the encoder's "
+                f"max_position_embeddings {config.max_positions}; serve with --max-model-len "
+                f"{config.max_length} or less"
             )
         tensors = CheckpointTensors(resolve_checkpoint_dir(getattr(hf_config, "_name_or_path", "")))
         return cls(config, load_encoder_weights(tensors, config), mesh_device, head=cls._head(tensors))
@@ -80,24 +85,27 @@ class HostBertModel(VllmInspectionSurface):
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
         lens = torch.as_tensor(prompt_lens, dtype=torch.int64)
         batch, length = tokens.shape
-        if length > self.config.max_positions:
+        if length > self.config.max_length:
             raise HostModelInputError(
-                f"pool_forward of length {length} is longer than max_position_embeddings {self.config.max_positions}"
+                f"pool_forward of length {length} is longer than the encoder's {self.config.max_length} positions"
             )
         if enable_trace:
             self.mesh_device.replay_trace(TraceKey.pool(batch, length))
         hidden = self._encode(tokens, lens, token_type_ids)
         if self.head is None:
             return hidden
-        # transformers' BertForSequenceClassification: the pooler's tanh(dense(CLS)), then the classifier.
-        return self.head.classifier(torch.tanh(self.head.pooler(hidden[:, 0])))
+        # BERT's pooler then classifier, XLM-R's classification head: both out(tanh(dense(first token))).
+        return self.head.out(torch.tanh(self.head.dense(hidden[:, 0])))
 
     @torch.inference_mode()
     def _encode(self, tokens: torch.Tensor, lens: torch.Tensor, token_type_ids: Any) -> torch.Tensor:
         cfg, w = self.config, self.weights
         batch, length = tokens.shape
-        types = torch.zeros_like(tokens) if token_type_ids is None else torch.as_tensor(token_type_ids).long()
-        x = w.word[tokens] + w.position[:length][None] + w.token_type[types]
+        # XLM-R has one token type: its tokenizer sends none, and a pair's second text reads type 0 too.
+        one_type = token_type_ids is None or cfg.type_vocab_size == 1
+        types = torch.zeros_like(tokens) if one_type else torch.as_tensor(token_type_ids).long()
+        positions = w.position[cfg.position_offset: cfg.position_offset + length]
+        x = w.word[tokens] + positions[None] + w.token_type[types]
         x = _norm(x, w.embed_norm, cfg.layer_norm_eps)
         real = torch.arange(length)[None, :] < lens[:, None]  # [B, L] keys that are prompt tokens
         mask = torch.zeros(batch, 1, 1, length).masked_fill(~real[:, None, None, :], torch.finfo(torch.float32).min)
@@ -119,10 +127,23 @@ class HostBertForSequenceClassification(HostBertModel):
     shape with a BERT encoder): ``pool_forward`` returns the classifier's logits ``[B, labels]``."""
 
     model_capabilities: ClassVar[dict[str, Any]] = {"pooling_model": True, "pooled_outputs": True}
+    head_layout: ClassVar[HeadLayout] = BERT_HEAD
 
     @classmethod
     def _head(cls, tensors: CheckpointTensors) -> ClassifierWeights | None:
-        return load_classifier_weights(tensors)
+        return load_classifier_weights(tensors, cls.head_layout)
+
+
+class HostXLMRobertaModel(HostBertModel):
+    """transformers' ``XLMRobertaModel`` (bge-m3's encoder): BERT's math, positions from
+    ``pad_token_id + 1`` (read from the config)."""
+
+
+class HostXLMRobertaForSequenceClassification(HostBertForSequenceClassification):
+    """transformers' ``XLMRobertaForSequenceClassification`` (bge-reranker-v2-m3's shape): the
+    XLM-R encoder, then its classification head on the first token; logits ``[B, labels]``."""
+
+    head_layout: ClassVar[HeadLayout] = ROBERTA_HEAD
 
 
 def _norm(x: torch.Tensor, norm: Norm, eps: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The encoder's weights, read from a checkpoint folder's safetensors by their transformers names
-(``BertModel`` saves them bare, ``BertFor*`` heads under ``bert.``)."""
+(``BertModel`` and ``XLMRobertaModel`` save them bare, ``BertFor*`` heads under ``bert.``,
+``XLMRobertaFor*`` heads under ``roberta.``: both encoders name their tensors alike)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from vllm_tt_host.models.bert.config import EncoderConfig
 from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder
 from vllm_tt_host.models.frame.linear import Linear
 
-_PREFIXES = ("", "bert.")
+_PREFIXES = ("", "bert.", "roberta.")
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,26 @@ class EncoderWeights:
 
 @dataclass(frozen=True)
 class ClassifierWeights:
-    """``BertForSequenceClassification``'s head: the pooler (CLS -> dense -> tanh), then the classifier."""
+    """A sequence classification head: ``out(tanh(dense(first token)))``."""
 
-    pooler: Linear
-    classifier: Linear
+    dense: Linear
+    out: Linear
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where a ``*ForSequenceClassification`` checkpoint saves its head's two layers."""
+
+    dense: str
+    dense_in_encoder: bool
+    """The dense layer is saved under the encoder's prefix (BERT's pooler is part of ``BertModel``)."""
+    out: str
+
+
+BERT_HEAD = HeadLayout(dense="pooler.dense", dense_in_encoder=True, out="classifier")
+"""``BertForSequenceClassification``: the encoder's pooler, then the classifier."""
+ROBERTA_HEAD = HeadLayout(dense="classifier.dense", dense_in_encoder=False, out="classifier.out_proj")
+"""``XLMRobertaForSequenceClassification``: its ``XLMRobertaClassificationHead`` (no pooler)."""
 
 
 class CheckpointTensors:
@@ -96,6 +113,6 @@ def load_encoder_weights(tensors: CheckpointTensors, config: EncoderConfig) -> E
     return weights
 
 
-def load_classifier_weights(tensors: CheckpointTensors) -> ClassifierWeights:
-    return ClassifierWeights(pooler=tensors.linear("pooler.dense"),
-                             classifier=tensors.linear("classifier", encoder=False))
+def load_classifier_weights(tensors: CheckpointTensors, layout: HeadLayout) -> ClassifierWeights:
+    return ClassifierWeights(dense=tensors.linear(layout.dense, encoder=layout.dense_in_encoder),
+                             out=tensors.linear(layout.out, encoder=False))
