@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from vllm_tt_platform.cost.device_time import SERVED, ModelDims, ProgramCosts, parse_device_time
 from vllm_tt_platform.errors import TTConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+    from vllm_tt_platform.mesh.shape import MeshRequest
 
 OPTION = "--additional-config.tt.pooling_shapes"
 MIN_LENGTH = 32
@@ -38,6 +41,26 @@ class PoolShape:
 
 ProgramTime = Callable[[PoolShape], float]
 """Modelled seconds of one program at a shape (``ProgramCosts.pool_s``)."""
+
+
+@dataclass(frozen=True)
+class PoolTiming:
+    """The device-time model of the served checkpoint on the served mesh (the one
+    ``host_device_time served`` replays): what each step's calls are packed by."""
+
+    costs: ProgramCosts
+
+    @classmethod
+    def served(cls, hf_config: Any, mesh: MeshRequest) -> PoolTiming | None:
+        """None for a config that names no layer dims (the calls are then packed fewest first)."""
+        try:
+            dims = ModelDims.from_hf(hf_config)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return cls(parse_device_time(SERVED).resolve(dims, mesh.shape, mesh.preset))
+
+    def program_s(self, shape: PoolShape) -> float:
+        return self.costs.pool_s(shape.batch, shape.length)
 
 
 @dataclass(frozen=True)

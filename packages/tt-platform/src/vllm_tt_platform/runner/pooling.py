@@ -20,9 +20,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm_tt_models_registry.contract import TTModel, TTModelExtras
 
-from vllm_tt_platform.config.pooling_shapes import PoolCall, PoolShape, pooling_shapes_of
+from vllm_tt_platform.config.pooling_shapes import PoolCall, PoolTiming, pooling_shapes_of
 from vllm_tt_platform.config.setup import TTSetup
-from vllm_tt_platform.cost.device_time import SERVED, ModelDims, ProgramCosts, parse_device_time
 from vllm_tt_platform.errors import TTUnsupportedFeatureError
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.pooler import ClassifierHead, SequencePooler
@@ -59,8 +58,7 @@ class TTPoolingRunner:
         self.model_config = vllm_config.model_config
         self.max_model_len = self.model_config.max_model_len
         self.shapes = pooling_shapes_of(vllm_config, setup.config.pooling_shapes)
-        self.costs = _served_costs(self.model_config.hf_config, setup)
-        """The served checkpoint on the served mesh, timed: each step's calls are packed by it."""
+        self.timing = PoolTiming.served(self.model_config.hf_config, setup.topology.mesh)
         self.pooled_outputs = setup.capabilities.pooled_outputs
         self.pooler: SequencePooler | ClassifierHead = (
             ClassifierHead(self.model_config) if self.pooled_outputs else SequencePooler.of(self.model_config)
@@ -120,7 +118,7 @@ class TTPoolingRunner:
 
     def describe(self) -> str:
         """The startup summary's pooling part."""
-        packing = (f"calls packed by modelled time ({self.costs.description})" if self.costs is not None
+        packing = (f"calls packed by modelled time ({self.timing.costs.description})" if self.timing is not None
                    else "calls packed fewest first (no cost model of the checkpoint)")
         return (f"pooling model ({self.pooler.kind} pooling, tasks {', '.join(self.pooler.tasks)}), no KV cache; "
                 f"programs at {len(self.shapes.shapes)} shapes (BATCHxLENGTH): {self.shapes.describe()}; {packing}")
@@ -142,7 +140,7 @@ class TTPoolingRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         prompts = [self._take(req_id, count) for req_id, count in out.num_scheduled_tokens.items()]
         vectors: list[torch.Tensor | None] = [None] * len(prompts)
-        program_s = None if self.costs is None else self._program_s
+        program_s = None if self.timing is None else self.timing.program_s
         for call in self.shapes.plan([len(p.token_ids) for p in prompts], program_s):
             hidden = self._run(call, prompts)
             for j, i in enumerate(call.rows):
@@ -151,10 +149,6 @@ class TTPoolingRunner:
         req_ids = [p.req_id for p in prompts]
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  pooler_output=vectors)
-
-    def _program_s(self, shape: PoolShape) -> float:
-        assert self.costs is not None
-        return self.costs.pool_s(shape.batch, shape.length)
 
     def _take(self, req_id: str, scheduled: int) -> _Prompt:
         prompt = self._prompts.pop(req_id)
@@ -191,13 +185,3 @@ class TTPoolingRunner:
     def close(self) -> None:
         """Nothing held beyond the model, which the mesh owns."""
 
-
-def _served_costs(hf_config: Any, setup: TTSetup) -> ProgramCosts | None:
-    """The device-time model of the served checkpoint on the served mesh (the one
-    ``host_device_time served`` replays), or None for a config that names no layer dims."""
-    try:
-        dims = ModelDims.from_hf(hf_config)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    mesh = setup.topology.mesh
-    return parse_device_time(SERVED).resolve(dims, mesh.shape, mesh.preset)
