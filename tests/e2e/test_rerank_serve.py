@@ -15,9 +15,10 @@ from tests.e2e.pooling_checks import TINY_BERT_ARGS, served_ranking, served_scor
 pytestmark = pytest.mark.e2e
 
 QUERY = "the fog in the low fields"
-TOLERANCE = 1e-4
+TOLERANCE = 5e-5
 """float32: the server's padded batches sum in another order than transformers' one pair at a
-time (observed up to 1.7e-5 on a score); the host parity test's bound on hidden states."""
+time (observed up to 1.7e-5 on a score), with a margin of about three; the random tiny reranker's
+16 scores then need to be 1e-4 apart (a checkpoint built on this machine had two 1.9e-4 apart)."""
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,10 @@ SERVE_ARGS = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES),
               "--api-server-count", "1", "--max-model-len", "256", "--speculative-config", json.dumps(SPEC),
               # 4 usable KV blocks of 64 tokens per lane (one is vLLM's null block): two rows growing
               # past 128 tokens do not fit, so every lane preempts
-              "--num-gpu-blocks-override", "5")
+              "--num-gpu-blocks-override", "5",
+              # every program takes at least 20 ms, so the concurrent requests overlap on the engine
+              # even when a loaded machine hands them over slowly (else no lane ever fills up)
+              "--additional-config.tt.host_device_time", "20ms")
 
 
 @pytest.fixture(scope="module")
