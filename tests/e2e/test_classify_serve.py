@@ -18,8 +18,10 @@ from tests.e2e.pooling_checks import TINY_BERT_ARGS
 pytestmark = pytest.mark.e2e
 
 LABELS = 3
-TOLERANCE = 1e-5
-"""float32 probabilities: the server's padded batches sum in another order than transformers'."""
+TOLERANCE = 5e-5
+"""float32 probabilities: the server's padded batches sum in another order than transformers'
+(observed up to 1.25e-5 since the runner packs a step's rows by modelled time), with a margin of
+about three, as for the reranker's scores."""
 
 
 @pytest.fixture(scope="module")
