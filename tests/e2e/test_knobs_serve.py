@@ -212,8 +212,12 @@ LANES = 2
 
 @pytest.fixture
 def lane_server(model_dir, tmp_path):
+    # Every program takes at least 20 ms: the tiny model decodes a low stream in a few ms a token
+    # otherwise, and the queued lows could all have started before a busy API server forwards
+    # the high requests (seen: every first token ~1.5 s after they were sent).
     args = ("--served-model-name", "tiny", "--data-parallel-size", str(LANES), "--max-num-seqs", str(ROWS // 2),
-            "--api-server-count", "1", "--max-model-len", "512", "--scheduling-policy", "priority")
+            "--api-server-count", "1", "--max-model-len", "512", "--scheduling-policy", "priority",
+            "--additional-config.tt.host_device_time", "20ms")
     with serve(model_dir, *args, env={"MESH_DEVICE": "TG"}, log=tmp_path / "serve.log") as url:
         import openai
 
