@@ -196,10 +196,7 @@ def assert_high_priority_goes_first(client: Any, url: str, queued: int) -> None:
         low, high = [f.result() - sent for f in lows], [f.result() - sent for f in highs]
     waited = [t for t in low if t > 0]
     assert len(waited) >= queued, (low, queued)
-    # Without priority every high request starts after the queued low ones of its lane, so both
-    # checks fail; with it the first high starts before every queued low, and the highs on the
-    # whole before most of them (a loaded machine can still start one high late in its lane).
-    assert min(high) < min(waited) and statistics.fmean(high) < statistics.median(waited), (high, low)
+    assert max(high) < statistics.median(waited), (high, low)
 
 
 def test_high_priority_requests_start_first_on_a_saturated_server(knob_server):
