@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -78,6 +79,10 @@ def test_prefill_on_one_engine_decode_on_the_other(engines):
     tails = sum(length - loaded(length) for length in LENGTHS)
     assert served_metric(decode, "vllm:prompt_tokens_by_source_total", EXTERNAL) == sum(map(loaded, LENGTHS))
     assert served_metric(decode, "vllm:prompt_tokens_by_source_total", LOCAL_COMPUTE) == tails
+    # The TT metrics reach /metrics through the engine's metrics thread a moment later.
+    deadline = time.monotonic() + 15
+    while served_metric(decode, "vllm_tt:prefill_tokens_per_step_sum") != tails and time.monotonic() < deadline:
+        time.sleep(0.25)
     assert served_metric(decode, "vllm_tt:prefill_tokens_per_step_sum") == tails
     assert served_metric(decode, "vllm:external_prefix_cache_hits_total") == sum(map(loaded, LENGTHS))
 
