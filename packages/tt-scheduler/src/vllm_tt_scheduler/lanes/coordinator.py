@@ -178,6 +178,8 @@ class TTLaneCoordinator(SchedulerInterface):
         """For a model running mixed steps: the lane whose prompt this step computes beside
         every lane's decodes, and its chunk (lanes with a partial prefill first, then the lanes
         in turn from this step's index), or None for a phase-pure step."""
+        if not any(v.partials or v.admissible for v in views):  # the common decode step: no prompt anywhere
+            return None
         count = len(self.lanes)
         order = sorted(range(count), key=lambda i: (not views[i].partials, (i - self._step_index) % count))
         for index in order:
