@@ -433,3 +433,23 @@ def test_a_vision_activation_the_host_tower_lacks_is_refused(tower):
     vision = types.SimpleNamespace(_name_or_path="tiny-vl", hidden_act="quick_gelu")
     with pytest.raises(TTUnsupportedFeatureError, match=r"tiny-vl: vision_config.hidden_act.*quick_gelu"):
         config_cls.from_hf(vision)
+
+
+def test_pooling_in_lanes_runs_each_lanes_rows_on_its_sub_mesh(tiny_checkpoint):
+    """A pooling call of ``lanes x batch`` rows runs ``batch`` rows on each lane's sub-mesh
+    (each replaying its own trace): the rows' hidden states equal one lane's, row for row."""
+    one, _ = build(tiny_checkpoint, "qwen3", batch=2)
+    two, mesh = build(tiny_checkpoint, "qwen3", batch=4, lanes=2)
+    two.warmup_model_pool(shapes=[(2, 32)], enable_trace=True)
+    assert all(TraceKey.pool(2, 32) in lane.captured_traces for lane in two.lanes.devices)
+    tokens = torch.randint(3, one.config.vocab_size, (4, 32))
+    lens = torch.tensor([32, 5, 0, 17])
+    got = two.pool_forward(tokens=tokens, prompt_lens=lens, enable_trace=True)
+    for row in range(4):
+        alone = one.pool_forward(tokens=tokens[row: row + 1], prompt_lens=lens[row: row + 1])
+        torch.testing.assert_close(got[row], alone[0])
+    with pytest.raises(TraceNotCapturedError):
+        two.pool_forward(tokens=tokens[:, :16], prompt_lens=lens.clamp(max=16), enable_trace=True)
+    with pytest.raises(HostModelInputError, match="does not split into 2 lanes"):
+        two.pool_forward(tokens=tokens[:3], prompt_lens=lens[:3])
+    mesh.close()

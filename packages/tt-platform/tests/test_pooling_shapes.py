@@ -61,3 +61,23 @@ def test_with_a_cost_model_a_group_runs_in_the_calls_that_cost_least() -> None:
     stream = lambda shape: 1.0 + shape.batch * 0.01  # noqa: E731
     assert [c.shape.batch for c in shapes.plan([500] * 3, stream)] == [4]
     assert [c.shape.batch for c in shapes.plan([500] * 3)] == [4]  # no cost model: fewest calls
+
+
+def test_in_lanes_a_call_holds_a_shape_on_every_lane() -> None:
+    """With 2 lanes a call at 4x32 pools 8 prompts (4 on each sub-mesh) for one sub-mesh's
+    time: weight-bound, 5 short prompts run as one call of 4x32; compute-bound, as three calls
+    of 1x32 (2 prompts each), where one lane needs 4x32 + 1x32."""
+    shapes = PoolingShapes(parse_shapes("1x32,4x32,1x128"))
+    stream = lambda shape: 1.0 + shape.batch * 0.01  # noqa: E731
+    compute = lambda shape: 0.1 + shape.batch  # noqa: E731
+    assert [(c.shape, c.batch) for c in shapes.plan([5, 6, 7, 8, 9], stream, lanes=2)] == [(PoolShape(4, 32), 8)]
+    assert [c.batch for c in shapes.plan([5, 6, 7, 8, 9], compute, lanes=2)] == [2, 2, 2]
+    assert [c.shape.batch for c in shapes.plan([5, 6, 7, 8, 9], compute)] == [4, 1]
+    assert shapes.plan([100, 5], compute, lanes=2)[0] == PoolCall(PoolShape(1, 128), (0,), lanes=2)
+
+
+def test_in_lanes_a_calls_rows_spread_over_the_lanes() -> None:
+    """Row j goes to lane j % lanes: a call of 3 prompts at 4 rows per lane uses both lanes."""
+    call = PoolCall(PoolShape(4, 32), (7, 8, 9), lanes=2)
+    assert [call.slot(j) for j in range(3)] == [0, 4, 1]
+    assert sorted(call.slot(j) for j in range(8)) == list(range(8))

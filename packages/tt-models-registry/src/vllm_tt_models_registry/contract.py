@@ -204,7 +204,9 @@ class TTModelExtras(Protocol):
         declaring ``pooled_outputs`` returns its head's ``[B, D]`` instead (a classifier's
         logits; the runner applies vLLM's classification activation). A pair of texts (a
         cross-encoder's query and document) also gets ``token_type_ids`` int64 ``[B, L]``
-        (1 over the second text). No KV cache is read or written. With ``enable_trace`` the call replays the shape's trace, which
+        (1 over the second text). With ``tt_data_parallel`` lanes ``B`` is lanes x the shape's
+        batch ``b``: lane ``i`` pools rows ``[i*b, (i+1)*b)`` on its sub-mesh, side by side.
+        No KV cache is read or written. With ``enable_trace`` the call replays the shape's trace, which
         warmup captured by calling it once per shape with ``enable_trace=True``."""
         ...
 

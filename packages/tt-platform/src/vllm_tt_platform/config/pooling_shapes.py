@@ -6,7 +6,9 @@ to a captured shape: prompts are grouped by the shortest shape length that holds
 each group runs in the calls that cost least: by modelled time when the runner has a cost
 model (a compute-bound group of 3 runs as 2 + 1 rather than padded to 4; a weight-bound one as
 one call of 4), else the fewest calls, then the least padding. Padding stays within one length
-bucket.
+bucket. With lanes (``--data-parallel-size`` on a single-program model) a call runs its shape
+on every lane's sub-mesh side by side, so it holds ``lanes x batch`` prompts for the time of
+one sub-mesh's program.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ class PoolTiming:
     costs: ProgramCosts
 
     @classmethod
-    def served(cls, hf_config: Any, mesh: MeshRequest) -> PoolTiming | None:
-        """None for a config that names no layer dims (the calls are then packed fewest first)."""
+    def served(cls, hf_config: Any, mesh: MeshRequest, lanes: int = 1) -> PoolTiming | None:
+        """One sub-mesh's model (of ``lanes``); None for a config that names no layer dims (the
+        calls are then packed fewest first)."""
         try:
             dims = ModelDims.from_hf(hf_config)
         except (AttributeError, TypeError, ValueError):
             return None
-        return cls(parse_device_time(SERVED).resolve(dims, mesh.shape, mesh.preset))
+        return cls(parse_device_time(SERVED).resolve(dims, mesh.shape, mesh.preset, lanes))
 
     def program_s(self, shape: PoolShape) -> float:
         return self.costs.pool_s(shape.batch, shape.length)
@@ -65,10 +68,22 @@ class PoolTiming:
 
 @dataclass(frozen=True)
 class PoolCall:
-    """One ``pool_forward`` call: the indices (into the step's rows) it runs, at ``shape``."""
+    """One ``pool_forward`` call: the indices (into the step's rows) it runs, at ``shape`` on
+    each of ``lanes`` sub-meshes (``rows[j]`` on lane ``j % lanes``)."""
 
     shape: PoolShape
     rows: tuple[int, ...]
+    lanes: int = 1
+
+    @property
+    def batch(self) -> int:
+        """The call's rows over all lanes (``pool_forward``'s ``B``)."""
+        return self.shape.batch * self.lanes
+
+    def slot(self, j: int) -> int:
+        """Where ``rows[j]`` sits in the call's batch: lane ``j % lanes``'s rows are
+        ``[lane * shape.batch, (lane + 1) * shape.batch)``, so small calls spread over the lanes."""
+        return (j % self.lanes) * self.shape.batch + j // self.lanes
 
 
 def parse_shapes(spec: str) -> tuple[PoolShape, ...]:
@@ -113,18 +128,19 @@ class PoolingShapes:
     def describe(self) -> str:
         return ", ".join(map(str, self.shapes))
 
-    def plan(self, lengths: Sequence[int], program_s: ProgramTime | None = None) -> list[PoolCall]:
-        """Pack prompts of ``lengths`` (each at most ``max_length``) into calls; ``program_s``:
-        the modelled time of a program (None: fewest calls, then least padding)."""
+    def plan(self, lengths: Sequence[int], program_s: ProgramTime | None = None, lanes: int = 1) -> list[PoolCall]:
+        """Pack prompts of ``lengths`` (each at most ``max_length``) into calls over ``lanes``
+        sub-meshes; ``program_s``: the modelled time of one sub-mesh's program (None: fewest
+        calls, then least padding)."""
         by_length: dict[int, list[int]] = {}
         for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
             by_length.setdefault(self.length_for(lengths[i]), []).append(i)
         calls: list[PoolCall] = []
         for length, rows in by_length.items():
             shapes = [s for s in self.shapes if s.length == length]
-            for shape in _cheapest_cover(len(rows), shapes, program_s):
-                calls.append(PoolCall(shape, tuple(rows[: shape.batch])))
-                rows = rows[shape.batch :]
+            for shape in _cheapest_cover(len(rows), shapes, program_s, lanes):
+                calls.append(PoolCall(shape, tuple(rows[: shape.batch * lanes]), lanes))
+                rows = rows[shape.batch * lanes :]
         return calls
 
     def length_for(self, prompt_len: int) -> int:
@@ -146,16 +162,21 @@ def pooling_shapes_of(vllm_config: VllmConfig, spec: str | None) -> PoolingShape
         raise TTConfigError(OPTION, spec, "BATCHxLENGTH shapes no longer than --max-model-len", str(exc)) from None
 
 
-def _cheapest_cover(count: int, shapes: Sequence[PoolShape], program_s: ProgramTime | None) -> list[PoolShape]:
-    """The calls (largest batch first) that run ``count`` rows of one length at the least cost:
-    modelled time, or (no cost model) one per call plus a tie-break on padded rows."""
+def _cheapest_cover(count: int, shapes: Sequence[PoolShape], program_s: ProgramTime | None,
+                    lanes: int = 1) -> list[PoolShape]:
+    """The calls (largest batch first) that run ``count`` rows of one length at the least cost
+    (a call holds ``lanes x batch`` rows): modelled time, or (no cost model) one per call plus
+    a tie-break on padded rows."""
     def cost(shape: PoolShape) -> float:
         return program_s(shape) if program_s is not None else 1 + shape.batch * 1e-6
 
+    def after(rows: int, shape: PoolShape) -> tuple[float, list[PoolShape]]:
+        rest = best[max(0, rows - shape.batch * lanes)]
+        return rest[0] + cost(shape), [shape, *rest[1]]
+
     best: list[tuple[float, list[PoolShape]]] = [(0.0, [])]
     for rows in range(1, count + 1):
-        best.append(min(((best[max(0, rows - s.batch)][0] + cost(s), [s, *best[max(0, rows - s.batch)][1]])
-                         for s in shapes), key=lambda option: option[0]))
+        best.append(min((after(rows, s) for s in shapes), key=lambda option: option[0]))
     return sorted(best[count][1], key=lambda s: -s.batch)
 
 

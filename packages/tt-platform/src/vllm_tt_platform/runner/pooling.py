@@ -5,6 +5,11 @@ into ``pool_forward`` calls of the captured (batch, length) shapes (``PoolingSha
 their hidden states pooled per request (or, for a model with its own head, its logits put
 through vLLM's classification activation), and each request finishes with its vector (vLLM's
 scheduler stops a pooling request once it has output). No KV cache, no decode, no sampling.
+
+In lanes a call runs its shape on every lane's sub-mesh at once (one program over the mesh).
+A pooling prompt keeps nothing on its lane, so the lanes' schedulers only bound how many
+prompts a step takes (``--max-num-seqs`` per lane); the runner packs the whole step's prompts
+over all sub-meshes.
 """
 
 from __future__ import annotations
@@ -47,18 +52,14 @@ class _Prompt:
 
 class TTPoolingRunner:
     def __init__(self, vllm_config: VllmConfig, setup: TTSetup, mesh_device: Any) -> None:
-        if setup.topology.lanes > 1:
-            raise TTUnsupportedFeatureError(
-                "--data-parallel-size", setup.topology.lanes, "1 for a pooling model",
-                "serve pooling models without --data-parallel-size (one engine per mesh)",
-            )
         self.vllm_config = vllm_config
         self.setup = setup
         self.mesh_device = mesh_device
         self.model_config = vllm_config.model_config
         self.max_model_len = self.model_config.max_model_len
         self.shapes = pooling_shapes_of(vllm_config, setup.config.pooling_shapes)
-        self.timing = PoolTiming.served(self.model_config.hf_config, setup.topology.mesh)
+        self.lanes = setup.topology.lanes
+        self.timing = PoolTiming.served(self.model_config.hf_config, setup.topology.mesh, self.lanes)
         self.pooled_outputs = setup.capabilities.pooled_outputs
         self.pooler: SequencePooler | ClassifierHead = (
             ClassifierHead(self.model_config) if self.pooled_outputs else SequencePooler.of(self.model_config)
@@ -72,8 +73,8 @@ class TTPoolingRunner:
     def load_model(self) -> None:
         model_cls = cast("type[TTModel]", self.setup.model.load_class())
         self._model = model_cls.initialize_vllm_model(
-            self.model_config.hf_config, self.mesh_device, max(s.batch for s in self.shapes.shapes),
-            max_seq_len=self.max_model_len, tt_data_parallel=1, optimizations=self.setup.config.optimizations,
+            self.model_config.hf_config, self.mesh_device, self.lanes * max(s.batch for s in self.shapes.shapes),
+            max_seq_len=self.max_model_len, tt_data_parallel=self.lanes, optimizations=self.setup.config.optimizations,
         )
 
     @property
@@ -120,8 +121,11 @@ class TTPoolingRunner:
         """The startup summary's pooling part."""
         packing = (f"calls packed by modelled time ({self.timing.costs.description})" if self.timing is not None
                    else "calls packed fewest first (no cost model of the checkpoint)")
+        where = (f" on each of {self.lanes} lanes' sub-meshes side by side (a call pools up to {self.lanes}x its "
+                 "batch)" if self.lanes > 1 else "")
         return (f"pooling model ({self.pooler.kind} pooling, tasks {', '.join(self.pooler.tasks)}), no KV cache; "
-                f"programs at {len(self.shapes.shapes)} shapes (BATCHxLENGTH): {self.shapes.describe()}; {packing}")
+                f"programs at {len(self.shapes.shapes)} shapes (BATCHxLENGTH){where}: {self.shapes.describe()}; "
+                f"{packing}")
 
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -141,10 +145,11 @@ class TTPoolingRunner:
         prompts = [self._take(req_id, count) for req_id, count in out.num_scheduled_tokens.items()]
         vectors: list[torch.Tensor | None] = [None] * len(prompts)
         program_s = None if self.timing is None else self.timing.program_s
-        for call in self.shapes.plan([len(p.token_ids) for p in prompts], program_s):
+        for call in self.shapes.plan([len(p.token_ids) for p in prompts], program_s, self.lanes):
             hidden = self._run(call, prompts)
             for j, i in enumerate(call.rows):
-                row = hidden[j] if self.pooled_outputs else hidden[j, : len(prompts[i].token_ids)]
+                slot = call.slot(j)
+                row = hidden[slot] if self.pooled_outputs else hidden[slot, : len(prompts[i].token_ids)]
                 vectors[i] = self.pooler.pool(row, prompts[i].params)
         req_ids = [p.req_id for p in prompts]
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -160,16 +165,17 @@ class TTPoolingRunner:
         return prompt
 
     def _run(self, call: PoolCall, prompts: list[_Prompt]) -> torch.Tensor:
-        """One ``pool_forward`` at ``call.shape``; rows past the call's prompts are padding (length 0)."""
-        tokens = torch.zeros((call.shape.batch, call.shape.length), dtype=torch.int64)
-        lens = torch.zeros(call.shape.batch, dtype=torch.int64)
+        """One ``pool_forward`` at ``call.shape`` on every lane; slots without a prompt are
+        padding (length 0)."""
+        tokens = torch.zeros((call.batch, call.shape.length), dtype=torch.int64)
+        lens = torch.zeros(call.batch, dtype=torch.int64)
         types = torch.zeros_like(tokens)
         for j, i in enumerate(call.rows):
-            ids = prompts[i].token_ids
-            tokens[j, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-            lens[j] = len(ids)
+            ids, slot = prompts[i].token_ids, call.slot(j)
+            tokens[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            lens[slot] = len(ids)
             if (span := prompts[i].second_text) is not None:
-                types[j, span[0]: span[1]] = 1
+                types[slot, span[0]: span[1]] = 1
         pairs = {"token_type_ids": types} if any(prompts[i].second_text for i in call.rows) else {}
         with self.device_watch.call("pooling step"):
             raw = cast(TTModelExtras, self.model).pool_forward(tokens=tokens, prompt_lens=lens,

@@ -5,7 +5,8 @@ Qwen3-Reranker-style scores from a causal LM checkpoint.
 ``warmup_model_pool``): whole prompts at a fixed ``batch x length`` shape, causal attention,
 the final norm's hidden states ``[B, L, H]`` out. Each row runs through the decoder's own
 prefill layers over a scratch KV cache that lives for the call only (the program keeps no KV,
-as a pooling program on the device does not). ``HostDecoderClassifier`` puts a score head on
+as a pooling program on the device does not). In lanes a call's ``B`` rows are ``lanes`` equal
+runs, lane ``i``'s on its own sub-mesh, side by side. ``HostDecoderClassifier`` puts a score head on
 that: vLLM's online ``ForCausalLM -> ForSequenceClassification`` conversion, whose head is
 rows of the LM head picked by ``classifier_from_token`` (``method``: ``from_2_way_softmax``
 keeps ``yes - no``, ``no_post_processing`` every named row), read at the last real token.
@@ -24,6 +25,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.frame import paged_kv
 from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
+from vllm_tt_host.models.frame.lanes import LaneLayout
 from vllm_tt_host.models.frame.shapes import HostModelInputError, TraceKey
 from vllm_tt_host.models.frame.vllm_surface import VllmInspectionSurface
 
@@ -40,18 +42,20 @@ class DecoderPooling:
     decoder: Any
     config: Any
     device: HostMeshDevice
+    lanes: LaneLayout
     max_seq_len: int
     costs: Any
     queue: Any
 
     def warmup_model_pool(self, shapes: Sequence[tuple[int, int]], enable_trace: bool) -> None:
-        """Capture one trace per ``(batch, length)`` (no math: like prefill warmup, a first
-        request proves more than an all-padding run)."""
+        """Capture one trace per ``(batch, length)`` on every lane (no math: like prefill warmup,
+        a first request proves more than an all-padding run)."""
         if not enable_trace:
             return
         for batch, length in shapes:
             duration = self.costs.pool_s(batch, length) if self.costs is not None else 0.0
-            self.device.capture_trace(TraceKey.pool(batch, length), duration)
+            for device in self.lanes.devices:
+                device.capture_trace(TraceKey.pool(batch, length), duration)
 
     def pool_forward(self, tokens: Any, prompt_lens: Any, enable_trace: bool = False, **kwargs: Any) -> torch.Tensor:
         """The final-norm hidden states ``[B, L, H]`` of rows ``tokens[i, :prompt_lens[i]]``
@@ -63,9 +67,13 @@ class DecoderPooling:
         batch, length = tokens.shape
         if length > self.max_seq_len:
             raise HostModelInputError(f"pool_forward of length {length} is longer than max_seq_len {self.max_seq_len}")
+        if batch % self.lanes.count:
+            raise HostModelInputError(f"pool_forward of {batch} rows does not split into {self.lanes.count} lanes")
+        per_lane = batch // self.lanes.count
         if enable_trace:
-            self.device.replay_trace(TraceKey.pool(batch, length))
-        duration = self.costs.pool_s(batch, length) if self.costs is not None else 0.0
+            for device in self.lanes.devices:
+                device.replay_trace(TraceKey.pool(per_lane, length))
+        duration = self.costs.pool_s(per_lane, length) if self.costs is not None else 0.0
         return self.queue.submit(lambda: self._pool_program(tokens, lens), duration).result()
 
     @torch.no_grad()
