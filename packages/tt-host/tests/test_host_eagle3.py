@@ -29,7 +29,9 @@ PROMPTS = [[0, 57, 311, 94, 120, 8, 433, 60, 75, 19, 200], [0, 12, 19, 500, 31, 
 
 @pytest.fixture(scope="module")
 def checkpoints():
-    return cached_eagle3()
+    target_dir, head_dir = cached_eagle3()
+    assert json.loads((target_dir / "config.json").read_text())["model_type"] == "llama"  # the family proven
+    return target_dir, head_dir
 
 
 @pytest.fixture(scope="module")

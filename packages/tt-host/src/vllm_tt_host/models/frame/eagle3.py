@@ -151,7 +151,7 @@ class Eagle3Serving:
 
     eagle3_head: Eagle3Head | None = None
     eagle3_costs: Any = None
-    """The head's programs: one decoder block of the target's width and its own head."""
+    """The head's programs: one decoder layer of the target's width, ``fc`` and its own head."""
 
     def allocate_eagle3_kv_cache(self: Any, head_dir: str, aux_layer_ids: tuple[int, ...],
                                  kv_cache_shape: tuple[int, ...], dtype: Any) -> list[LaneKV]:
@@ -167,7 +167,7 @@ class Eagle3Serving:
             raise HostModelInputError(f"allocate_eagle3_kv_cache: head_dim {head_dim}, the head has "
                                       f"{head.config.head_dim}")
         self.eagle3_head = head
-        self.eagle3_costs = self.costs.with_layers(1) if self.costs is not None else None
+        self.eagle3_costs = None if self.costs is None else self.costs.eagle3_head(len(head.draft_to_target), len(ids))
         self.retained = RetainedHidden()
         self.decoder.keep_hidden = True
         self.decoder.aux_layers = ids
