@@ -140,7 +140,9 @@ class Eagle3Head:
         pos = torch.arange(length)
         causal = pos[None, :] <= pos[:, None]
         own = torch.eye(length, dtype=torch.bool)
-        hidden, prior, out = self.modules["fc"](aux), [], []
+        hidden = self.modules["fc"](aux)
+        prior: list[tuple[Any, Any]] = []
+        out: list[Any] = []
         for s in range(steps):
             mask = torch.cat([causal] + [own] * s, dim=1)
             logits, hidden, kv = self.step(next_ids[:, s : s + length], hidden, pos + s, prior, mask)
@@ -232,9 +234,9 @@ def _train(model: Any, head: Eagle3Head, stream: Any, steps: int, seed: int) -> 
         window = torch.stack([stream[s : s + width] for s in starts.tolist()])
         aux = aux_hidden_states(model, window[:, :TRAIN_SEQ_LEN])
         logits = head.chain(window[:, 1 : TRAIN_SEQ_LEN + TRAIN_CHAIN], aux, TRAIN_CHAIN)
-        loss = sum(F.cross_entropy(step.reshape(-1, step.shape[-1]),
-                                   to_draft[window[:, 2 + s : 2 + s + TRAIN_SEQ_LEN]].reshape(-1), ignore_index=-100)
-                   for s, step in enumerate(logits))
+        loss: Any = sum(F.cross_entropy(step.reshape(-1, step.shape[-1]),
+                                        to_draft[window[:, 2 + s : 2 + s + TRAIN_SEQ_LEN]].reshape(-1), ignore_index=-100)
+                        for s, step in enumerate(logits))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

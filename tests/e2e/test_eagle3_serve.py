@@ -16,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import assert_greedy_equal, hf_greedy, serve
+from tests.e2e.helpers import serve
 from tests.e2e.spec_checks import (
-    GREEDY,
-    accepted_drafts,
+    assert_served_streaming_equals_plain,
     assert_stop_strings_exact,
-    complete,
-    concurrently,
     mixed_prompts,
-    stream,
 )
 
 pytestmark = pytest.mark.e2e
@@ -58,14 +54,7 @@ def prompts(server) -> list[list[int]]:
 
 def test_streaming_equals_plain_equals_transformers_in_lanes(server, prompts):
     model_dir, _, url, _ = server
-    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    before = accepted_drafts(url)
-    plain = concurrently(lambda p: complete(url, p, **GREEDY), [(p,) for p in prompts])
-    streamed = concurrently(lambda p: stream(url, p, **GREEDY), [(p,) for p in prompts])
-    assert_greedy_equal(prompts, [r["choices"][0]["token_ids"] for r in plain], expected)
-    assert [ids for _, ids in streamed] == expected
-    assert [text for text, _ in streamed] == [r["choices"][0]["text"] for r in plain]
-    assert accepted_drafts(url) > before
+    assert_served_streaming_equals_plain(url, model_dir, prompts, MAX_NEW_TOKENS)
 
 
 def test_stop_strings_end_the_text_exactly(server, prompts):

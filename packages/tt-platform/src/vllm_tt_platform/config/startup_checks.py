@@ -358,6 +358,8 @@ def _check_eagle3(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -
     made for this target: one layer, ``fc`` over states of the target's hidden size from layers
     it has, drafts in its vocabulary (the weights are checked when the head loads)."""
     spec = vllm_config.speculative_config
+    if spec is None:
+        return
     if not caps.supports_eagle3:
         raise TTUnsupportedFeatureError(
             "--speculative-config method", "eagle3",

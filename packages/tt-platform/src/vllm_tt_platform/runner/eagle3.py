@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -43,8 +44,11 @@ class Eagle3Drafts(MtpDrafts):
         if spec is None or spec.draft_model_config is None:
             raise RuntimeError("Eagle3Drafts without --speculative-config's head (vLLM's draft model config)")
         head = Eagle3HeadConfig.of(spec.draft_model_config, vllm_config.model_config.get_total_num_hidden_layers())
+        dtype = vllm_config.model_config.dtype
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"Eagle3Drafts: the model config's dtype {dtype!r} is not resolved to a torch dtype")
         layer_spec = FullAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=head.num_kv_heads,
-                                       head_size=head.head_dim, dtype=vllm_config.model_config.dtype)
+                                       head_size=head.head_dim, dtype=dtype)
         super().__init__(vllm_config, _HeadCalls(model, head), layer_spec, num_tokens, num_slots)
         self.head = head
 

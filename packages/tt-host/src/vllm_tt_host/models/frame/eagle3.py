@@ -149,6 +149,7 @@ class Eagle3Serving:
     """The contract's ``supports_eagle3`` calls for a ``HostCausalLM`` whose decoder runs the
     frame's layer stacks (where the auxiliary states are captured)."""
 
+    retained: RetainedHidden | None
     eagle3_head: Eagle3Head | None = None
     eagle3_costs: Any = None
     """The head's programs: one decoder layer of the target's width, ``fc`` and its own head."""
