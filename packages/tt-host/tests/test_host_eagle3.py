@@ -115,7 +115,8 @@ def test_the_target_keeps_the_auxiliary_states_of_the_named_layers(checkpoints, 
 @pytest.mark.parametrize(("edit", "setting"), [
     (lambda c: c.update(num_hidden_layers=2), "num_hidden_layers"),
     (lambda c: c.update(norm_before_residual=True), "norm_before_residual"),
-    (lambda c: c.update(hidden_size=64), "fc.weight"),
+    (lambda c: c.update(hidden_size=64), "target_hidden_size"),
+    (lambda c: c.update(hidden_size=64, target_hidden_size=128), "fc.weight"),
 ])
 def test_a_head_that_does_not_fit_is_refused_naming_the_setting(checkpoints, tmp_path, edit, setting):
     target_dir, head_dir = checkpoints

@@ -122,6 +122,9 @@ def load_head(folder: Path, target: DecoderConfig, target_embed: torch.Tensor,
     offsets = reader.tensor("d2t").long() if "d2t" in reader else torch.zeros(draft_vocab, dtype=torch.long)
     fc = reader.tensor("fc.weight")
     target_hidden = int(getattr(hf, "target_hidden_size", None) or config.hidden_size)
+    if target_hidden != target.hidden_size:
+        raise TTConfigError(f"{HEAD_KEY} ({where}): target_hidden_size", target_hidden,
+                            f"the target's hidden size {target.hidden_size}", "serve the EAGLE-3 head trained for this target")
     expected = {
         "fc.weight": (tuple(fc.shape), (config.hidden_size, len(aux_layer_ids) * target.hidden_size)),
         "lm_head.weight": (tuple(lm_head.shape), (draft_vocab, config.hidden_size)),
@@ -129,7 +132,7 @@ def load_head(folder: Path, target: DecoderConfig, target_embed: torch.Tensor,
         "embedding": (tuple(embed.shape), (target.vocab_size, config.hidden_size)),
     }
     for name, (got, want) in expected.items():
-        if got != want or target_hidden != target.hidden_size:
+        if got != want:
             raise TTConfigError(
                 f"{HEAD_KEY} ({where}): {name}", got,
                 f"{want} for a target of hidden size {target.hidden_size} and vocabulary {target.vocab_size} "
