@@ -55,10 +55,15 @@ def test_a_head_for_the_llama_target_is_served(checkpoints):
 
 
 def test_a_model_without_the_capability_is_refused(checkpoints):
+    """The DeepSeek V3 class runs no EAGLE-3 head; nor does a Llama class declaring it not."""
     from vllm_tt_host.models.families import HostLlamaForCausalLM
     from vllm_tt_models_registry.contract import check_model_class
     from vllm_tt_platform.config.startup_checks import check_speculation
+    from vllm_tt_testing.checkpoints import cached_mtp
 
+    with pytest.raises(TTUnsupportedFeatureError, match="TTDeepseekV3ForCausalLM, whose model_capabilities do not "
+                       "declare supports_eagle3"):
+        _config(cached_mtp(), checkpoints[1])
     served = _config(*checkpoints)
     caps = replace(check_model_class(HostLlamaForCausalLM, owner="test"), supports_eagle3=False)
     with pytest.raises(TTUnsupportedFeatureError, match="--speculative-config method") as info:
