@@ -27,10 +27,17 @@ The same sweep runs for ``method: mtp`` on **DeepSeek V3 on TG** (``deepseek-v3@
 trained MTP module (``cached_mtp``) doing the math; the MTP module's programs are costed as
 one of the target's layers plus its own head on the same mesh (``ProgramCosts.with_layers``).
 
-Targets: draft_model >= 1.8x decode tokens/s at alpha 0.7, K=3; mtp >= 1.4x at alpha 0.7,
-K=1; both >= 0.97x when every draft misses (K=1, 2, 3, 5).
+The same sweep runs for ``method: eagle3`` on ``llama-3.3-70b@TG``: the trained tiny Llama and
+its trained tiny EAGLE-3 head (``cached_eagle3``) do the math; the head's programs are costed
+as a 70B EAGLE-3 head on the same mesh (``ProgramCosts.eagle3_head``: one 70B-width layer, ``fc``
+over three 8192-wide states and an LM head over a 32000-id draft vocabulary, as
+``yuhuili/EAGLE3-LLaMA3.3-Instruct-70B`` ships).
+
+Targets: draft_model >= 1.8x decode tokens/s at alpha 0.7, K=3; eagle3 >= 1.8x there too; mtp
+>= 1.4x at alpha 0.7, K=1; each >= 0.97x when every draft misses (K=1, 2, 3, 5).
 
     python benchmarks/draft_bench.py [--quick]
+    python benchmarks/draft_bench.py --eagle3-only   # re-measure the eagle3 rows into the saved results
 
 Writes benchmarks/results/draft_bench.json and draft_bench.md.
 """
@@ -44,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report import bench_main, targets_lines
+from report import bench_main, targets_lines, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "testing")]
@@ -62,6 +69,8 @@ KS = (1, 2, 3, 5)
 ALPHAS: tuple[float | None, ...] = (None, 0.9, 0.7, 0.5, 0.0)
 """``None``: the drafter's own drafts (the acceptance the tiny models measure)."""
 NEW_TOKENS = 64
+EAGLE3_DRAFT_VOCAB = 32000
+"""The draft vocabulary a 70B EAGLE-3 head is costed with (the tiny head's is 512)."""
 
 
 class ScriptedAcceptance:
@@ -104,6 +113,7 @@ def make_engine(model_dir: Path, method: str | None, k: int, drafter: Path | Non
     spec = {"ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1},
             "draft_model": {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k},
             "mtp": {"method": "mtp", "num_speculative_tokens": k},
+            "eagle3": {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k},
             "custom_class": {"method": "custom_class", "model": MODEL_DRAFTS, "num_speculative_tokens": k},
             None: None}[method]
     tt = {"mesh_backend": "host", "host_device_time": device_time, "sample_on_device_mode": "all"}
@@ -173,6 +183,8 @@ def sweep(model_dir: Path, device_time: str, methods: tuple[str, ...], ks: tuple
                 runner = runner_of(engine)
                 if method == "draft_model":
                     drafter_costs = cost_drafter_as_1b(runner)
+                if method == "eagle3":  # a 70B head: 1 layer + fc + a 32000-id head
+                    runner.model.eagle3_costs = runner.model.costs.eagle3_head(EAGLE3_DRAFT_VOCAB, 3)
                 spec = runner.speculation
                 scripted = ScriptedAcceptance(spec.drafter, k, runner.sampling.vocab_size, references,
                                               every_row=method == "ngram")
@@ -197,28 +209,60 @@ def run(count: int, ks: tuple[int, ...]) -> dict[str, Any]:
     cases, drafter_costs = sweep(cached_tiny("llama"), DEVICE_TIME, ("ngram", "draft_model", "custom_class"), ks,
                                  workload, cached_drafter("llama"))
     mtp_cases, _ = sweep(cached_mtp(), MTP_DEVICE_TIME, ("mtp",), ks, workload)
-    cases += mtp_cases
+    cases += mtp_cases + eagle3_cases(count, ks)
+    return {"cases": cases, "targets": targets_of(cases, ks), "drafter_costs": drafter_costs}
+
+
+def eagle3_cases(count: int, ks: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The trained tiny Llama off and with its EAGLE-3 head (its own "off" row: another target)."""
+    from vllm_tt_testing.checkpoints import cached_eagle3
+
+    target, head = cached_eagle3()
+    cases, _ = sweep(target, DEVICE_TIME, ("eagle3",), ks, prompts("random", count) + prompts("repetitive", count),
+                     head)
+    cases[0]["method"] = "off (eagle3 target)"
+    return cases
+
+
+def targets_of(cases: list[dict[str, Any]], ks: tuple[int, ...]) -> dict[str, bool]:
     by = {(c["method"], c["k"], c["alpha"]): c["speedup"] for c in cases}
     targets = {}
     if 3 in ks:
         targets["draft_model K=3 at alpha 0.7 >= 1.8x"] = by["draft_model", 3, 0.7] >= 1.8
+        targets["eagle3 K=3 at alpha 0.7 >= 1.8x"] = by["eagle3", 3, 0.7] >= 1.8
     if 1 in ks:
         targets["mtp K=1 at alpha 0.7 >= 1.4x"] = by["mtp", 1, 0.7] >= 1.4
-    for method in ("draft_model", "mtp"):
+    for method in ("draft_model", "mtp", "eagle3"):
         targets[f"{method} every draft misses >= 0.97x (each K)"] = all(by[method, k, 0.0] >= 0.97 for k in ks)
     targets["tokens identical to off (greedy)"] = all(c["same_tokens_as_off"] for c in cases)
-    return {"cases": cases, "targets": targets, "drafter_costs": drafter_costs}
+    return targets
+
+
+def rerun_eagle3(results: Path = RESULTS) -> None:
+    """``--eagle3-only``: the eagle3 rows measured again into the saved full run (same request
+    count and K), its other rows kept as they were."""
+    import json
+
+    saved = json.loads((results / "draft_bench.json").read_text())
+    ks = tuple(sorted({c["k"] for c in saved["cases"] if c["k"]}))
+    kept = [c for c in saved["cases"] if c["method"] not in ("eagle3", "off (eagle3 target)")]
+    cases = kept + eagle3_cases(saved["requests"] // 2, ks)
+    saved |= {"cases": cases, "targets": targets_of(cases, ks),
+              "command": saved["command"] + "; eagle3 rows: python benchmarks/draft_bench.py --eagle3-only"}
+    write_results(saved, results / "draft_bench.json", results / "draft_bench.md", markdown(saved))
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# Drafter-model and MTP benchmark (single stream, modelled Llama 3.3 70B and DeepSeek V3 on TG)",
+        "# Drafter-model, MTP and EAGLE-3 benchmark (single stream, modelled Llama 3.3 70B and DeepSeek V3 on TG)",
         "",
         f"Command: `{result['command']}`  ",
         f"Host: {result['host']}. Engine in-process, host mesh backend; target programs on the modelled "
         f"device clock `{DEVICE_TIME}`, drafter programs as `{DRAFTER_PROFILE}` on the same mesh "
         f"({result['drafter_costs']}); `mtp` rows: the tiny DeepSeek V3 with its MTP module on "
-        f"`{MTP_DEVICE_TIME}` (the module costed as one target layer + its head); `custom_class` rows: the "
+        f"`{MTP_DEVICE_TIME}` (the module costed as one target layer + its head); `eagle3` rows: the trained "
+        f"tiny Llama with its EAGLE-3 head on `{DEVICE_TIME}` (the head costed as one 70B layer + fc + a "
+        f"{EAGLE3_DRAFT_VOCAB}-id head; its own off row); `custom_class` rows: the "
         "tiny target's own first layer drafting, costed as the first 40 of 70B's 80 layers + head; "
         f"tiny models' real math. {result['requests']} greedy requests (half "
         f"random prompts, half repetitive), one at a time, {NEW_TOKENS} new tokens each, device sampling on. "
@@ -231,7 +275,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for c in result["cases"]:
-        alpha = "-" if c["method"] == "off" else ("measured" if c["alpha"] is None else f"{c['alpha']:.1f}")
+        alpha = "-" if c["method"].startswith("off") else ("measured" if c["alpha"] is None else f"{c['alpha']:.1f}")
         accepted = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%} ({c['draft_tokens']})"
         lines.append(f"| {c['preset']} | {c['method']} | {c['k'] or '-'} | {alpha} | {c['tokens_per_s']:.1f} | "
                      f"{c['ms_per_token']:.2f} | {c['speedup']:.2f}x | {accepted} | {c['wall_tokens_per_s']:.1f} | "
@@ -240,6 +284,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--eagle3-only"]:
+        rerun_eagle3()
+        return
     bench_main(__doc__, "draft_bench", "one request per workload, K=1 and 3 only (smoke run)",
                lambda quick: {"requests": 2 * (1 if quick else 2), **run(*((1, (1, 3)) if quick else (2, KS)))},
                markdown, RESULTS)

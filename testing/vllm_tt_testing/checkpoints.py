@@ -100,6 +100,21 @@ def cached_mtp(train_steps: int = 150) -> Path:
                   target.name, train_steps, inspect.getsource(tiny_mtp))
 
 
+EAGLE3_TARGET_STEPS = 200
+"""The trained tiny Llama the EAGLE-3 head drafts for (the block-output and KV offload tests' recipe)."""
+
+
+def cached_eagle3(train_steps: int = 300) -> tuple[Path, Path]:
+    """The trained tiny Llama and a trained EAGLE-3 head for it (``tiny_eagle3.build_eagle3_head``)."""
+    from vllm_tt_testing import tiny_eagle3
+
+    target = cached_tiny("llama", EAGLE3_TARGET_STEPS)
+    head = cached(f"eagle3-llama-{train_steps}",
+                  lambda out: tiny_eagle3.build_eagle3_head(target, out, train_steps),
+                  target.name, train_steps, inspect.getsource(tiny_eagle3))
+    return target, head
+
+
 def cached_qwen_vl() -> Path:
     """The trained tiny Qwen2.5-VL (``tiny_qwen_vl.build_tiny_qwen_vl``), one checkpoint for the
     image and the video tests."""

@@ -240,3 +240,66 @@ def concurrently(fn: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
 def accepted_drafts(url: str) -> float:
     """vLLM's acceptance counter, summed over its label sets."""
     return served_metric(url, "vllm:spec_decode_num_accepted_tokens_total")
+
+
+DRAFTED = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+
+
+def assert_greedy_exact_alone_and_concurrent(llm, model_dir: Path, max_new_tokens: int) -> None:
+    """Greedy outputs of the 24 mixed prompts at once (more than rows and KV blocks: rows queue
+    and are preempted with drafts in flight) equal transformers' target outputs, with drafts
+    accepted and rejected; the last three alone too."""
+    from vllm import SamplingParams
+
+    from tests.e2e.helpers import assert_greedy_equal
+
+    prompts = mixed_prompts(llm.get_tokenizer().vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+    expected = hf_greedy(model_dir, prompts, max_new_tokens)
+    drafted, accepted = counter(llm, DRAFTED), counter(llm, ACCEPTED)
+    together = generate(llm, prompts, params)
+    assert_greedy_equal(prompts, together, expected)
+    drafted, accepted = counter(llm, DRAFTED) - drafted, counter(llm, ACCEPTED) - accepted
+    assert 0 < accepted < drafted, (drafted, accepted)  # drafts accepted and rejected
+    alone = [generate(llm, [p], params)[0] for p in prompts[-3:]]
+    assert alone == expected[-3:]
+
+
+def assert_max_tokens_stop_tokens_and_eos_exact(llm, model_dir: Path, max_new_tokens: int) -> None:
+    """Accepted drafts never run past ``max_tokens``, a stop token or EOS (a trained tiny
+    model ends corpus-like text with its EOS)."""
+    from vllm import SamplingParams
+
+    tokenizer = llm.get_tokenizer()
+    prompt = mixed_prompts(tokenizer.vocab_size)[10]
+    full = hf_greedy(model_dir, [prompt], max_new_tokens)[0]
+    for n in (1, 2, 5):
+        assert generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0] == full[:n]
+    stop = full[6]
+    got = generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=[stop]))
+    assert got[0] == full[: full.index(stop) + 1]
+    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace")]
+    untils = hf_greedy(model_dir, eos_prompts, 64)
+    ended = [(p, full[: full.index(tokenizer.eos_token_id) + 1]) for p, full in zip(eos_prompts, untils, strict=True)
+             if tokenizer.eos_token_id in full]
+    assert ended, "precondition: the tiny model ends one of these prompts with EOS within 64 tokens"
+    got = generate(llm, [p for p, _ in ended], SamplingParams(temperature=0.0, max_tokens=64))
+    assert got == [cut for _, cut in ended]
+
+
+def assert_served_streaming_equals_plain(url: str, model_dir: Path, prompts: list[list[int]],
+                                        max_new_tokens: int) -> None:
+    """Greedy streaming equals non-streaming equals transformers' target for every prompt at
+    once (8 clients), and vLLM's /metrics count accepted drafts."""
+    from tests.e2e.helpers import assert_greedy_equal
+
+    expected = hf_greedy(model_dir, prompts, max_new_tokens)
+    before = accepted_drafts(url)
+    plain = concurrently(lambda p: complete(url, p, max_new_tokens, **GREEDY), [(p,) for p in prompts])
+    streamed = concurrently(lambda p: stream(url, p, max_new_tokens, **GREEDY), [(p,) for p in prompts])
+    assert_greedy_equal(prompts, [r["choices"][0]["token_ids"] for r in plain], expected)
+    assert [ids for _, ids in streamed] == expected
+    assert [text for text, _ in streamed] == [r["choices"][0]["text"] for r in plain]
+    assert complete(url, prompts[0], max_new_tokens, **GREEDY)["choices"][0]["token_ids"] == expected[0]
+    assert accepted_drafts(url) > before

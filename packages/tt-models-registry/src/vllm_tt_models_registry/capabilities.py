@@ -65,6 +65,14 @@ class ModelCapabilities:
     start_pos, num_valid_tokens, page_table, kv_cache, num_drafts)`` reads them and returns
     draft ids ``[B, num_drafts]``; ``mtp_layers`` says how many modules the loaded checkpoint
     has (0: its MTP weights are absent)."""
+    supports_eagle3: bool = False
+    """The model serves an EAGLE-3 head (``--speculative-config method eagle3``):
+    ``allocate_eagle3_kv_cache(head_dir, aux_layer_ids, shape, dtype)`` loads the head named by
+    vLLM's speculative config, gives it its paged KV (one page per target block) and makes the
+    target's prefill, decode and verify steps keep the auxiliary hidden states of the layers
+    ``aux_layer_ids`` names on the device (vLLM's ``eagle_aux_hidden_state_layer_ids``: the
+    residual stream entering each layer); ``eagle3_forward(tokens, start_pos, num_valid_tokens,
+    page_table, kv_cache, num_drafts)`` returns ``num_drafts`` chained draft ids per row."""
     max_block_tokens: int = 0
     """Adaptive block output: the model speculates inside ``decode_forward`` with a drafter of
     its own and commits up to this many tokens per row per decode step (0: none). Sent the

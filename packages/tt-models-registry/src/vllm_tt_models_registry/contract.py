@@ -154,6 +154,21 @@ class TTModelExtras(Protocol):
         hidden states the last target step kept. Required when ``supports_mtp`` is declared."""
         ...
 
+    def allocate_eagle3_kv_cache(self, head_dir: str, aux_layer_ids: tuple[int, ...], kv_cache_shape: tuple[int, ...],
+                                 dtype: Any) -> Any:
+        """Load the EAGLE-3 head in ``head_dir`` onto the mesh and return its paged KV (the head
+        layer's page shape, one page per target block); from then on the target's steps keep the
+        auxiliary hidden states of ``aux_layer_ids`` on the device for ``eagle3_forward``.
+        Required when ``supports_eagle3`` is declared."""
+        ...
+
+    def eagle3_forward(self, tokens: Any, start_pos: Any, num_valid_tokens: Any, page_table: Any, kv_cache: Any,
+                       num_drafts: int, **kwargs: Any) -> Any:
+        """``num_drafts`` chained draft ids per row ``[B, num_drafts]`` (target ids) from the
+        EAGLE-3 head, reading the auxiliary hidden states the target's steps kept; arguments as
+        ``mtp_forward``'s. Required when ``supports_eagle3`` is declared."""
+        ...
+
     def propose_drafts(self, tokens: Any, start_pos: Any, page_table: Any, kv_cache: Any, num_drafts: Any,
                        **kwargs: Any) -> Any:
         """The model's own drafts: int ``[B, max_model_drafts]``, up to ``num_drafts[r]`` ids after
@@ -419,6 +434,9 @@ CALLS: Mapping[str, CallShape] = {
         CallShape("allocate_mtp_kv_cache", ("kv_cache_shape", "dtype")),
         CallShape("mtp_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
                                            "num_drafts")),
+        CallShape("allocate_eagle3_kv_cache", ("head_dir", "aux_layer_ids", "kv_cache_shape", "dtype")),
+        CallShape("eagle3_forward", keywords=("tokens", "start_pos", "num_valid_tokens", "page_table", "kv_cache",
+                                              "num_drafts")),
         CallShape("propose_drafts", keywords=("tokens", "start_pos", "page_table", "kv_cache", "num_drafts"),
                   sometimes=("page_tables_per_layer",)),
         CallShape("read_kv_blocks", keywords=("kv_cache", "lane", "layers", "block_ids")),
@@ -512,6 +530,13 @@ def check_model_class(
         raise ContractError(
             owner, f"class {name} declares supports_mtp but lacks allocate_mtp_kv_cache() or mtp_forward()",
             f"implement {CALLS['allocate_mtp_kv_cache'].render()} and {CALLS['mtp_forward'].render()}, "
+            "or drop the capability",
+        )
+    if capabilities.supports_eagle3 and not all(callable(getattr(model_cls, m, None))
+                                                for m in ("allocate_eagle3_kv_cache", "eagle3_forward")):
+        raise ContractError(
+            owner, f"class {name} declares supports_eagle3 but lacks allocate_eagle3_kv_cache() or eagle3_forward()",
+            f"implement {CALLS['allocate_eagle3_kv_cache'].render()} and {CALLS['eagle3_forward'].render()}, "
             "or drop the capability",
         )
     if capabilities.max_model_drafts and not callable(getattr(model_cls, "propose_drafts", None)):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_tt_models_registry.contract import ModelCapabilities
 
+from vllm_tt_platform.config.eagle3 import Eagle3HeadConfig
 from vllm_tt_platform.config.kv_transfer import (
     CONNECTOR_MODULES,
     NOT_ROUND_TRIPPED_KINDS,
@@ -259,12 +260,13 @@ def serves_pooling(vllm_config: VllmConfig) -> bool:
     return vllm_config.model_config.runner_type == "pooling"
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp", "custom_class")
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "mtp", "eagle3", "custom_class")
 """``--speculative-config`` methods the TT runner serves: vLLM's ``NgramProposer`` on the host,
 a drafter checkpoint run as a second program on the mesh (``runner.draft_model``), the
 checkpoint's own MTP module run by the model (``runner.mtp``; vLLM maps ``deepseek_mtp``,
-``qwen3_5_mtp``, ... to ``mtp``), and the model's own drafter (``custom_class`` naming
-``MODEL_DRAFTS``)."""
+``qwen3_5_mtp``, ... to ``mtp``), an EAGLE-3 head run by the model beside it reading the
+target's auxiliary hidden states (``runner.eagle3``), and the model's own drafter
+(``custom_class`` naming ``MODEL_DRAFTS``)."""
 
 MODEL_DRAFTS = "vllm_tt_platform.runner.model_drafts.ModelDrafts"
 """The ``custom_class`` proposer TT serves (``--speculative-config`` ``model``): the served
@@ -292,6 +294,8 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
         )
     if vllm_config.speculative_config.method == "mtp":
         _check_mtp(vllm_config.speculative_config, caps, arch)
+    if vllm_config.speculative_config.method == "eagle3":
+        _check_eagle3(vllm_config, caps, arch)
     k = vllm_config.speculative_config.num_speculative_tokens or 0
     if vllm_config.speculative_config.method == "custom_class":
         _check_model_drafts(vllm_config.speculative_config, k, caps, arch)
@@ -347,6 +351,39 @@ def _check_mtp(spec: SpeculativeConfig, caps: ModelCapabilities, arch: str) -> N
             "(num_nextn_predict_layers / mtp_num_hidden_layers unset or 0)",
             "use method ngram or draft_model, or serve a checkpoint that ships MTP weights and declares them",
         )
+
+
+def _check_eagle3(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
+    """``method: eagle3`` needs a model class that runs an EAGLE-3 head beside it, and a head
+    made for this target: one layer, ``fc`` over states of the target's hidden size from layers
+    it has, drafts in its vocabulary (the weights are checked when the head loads)."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return
+    if not caps.supports_eagle3:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config method", "eagle3",
+            f"ngram or draft_model for {arch}, whose model_capabilities do not declare supports_eagle3",
+            "use method ngram or draft_model, or serve a model whose class runs an EAGLE-3 head (eagle3_forward)",
+        )
+    target = vllm_config.model_config
+    layers = target.get_total_num_hidden_layers()
+    head = Eagle3HeadConfig.of(spec.draft_model_config, layers)
+    hidden, vocab = target.get_hidden_size(), target.get_vocab_size()
+    key = "--speculative-config model"
+    fix = f"serve an EAGLE-3 head trained for {target.model}"
+    if head.num_layers != 1:
+        raise TTConfigError(key, head.folder, f"a one-layer EAGLE-3 head; its config has num_hidden_layers "
+                            f"{head.num_layers}", fix)
+    if head.target_hidden_size != hidden:
+        raise TTConfigError(key, head.folder, f"a head over hidden states of the target's hidden size {hidden}; "
+                            f"its config has {head.target_hidden_size} (target_hidden_size or hidden_size)", fix)
+    if head.vocab_size != vocab or head.draft_vocab_size > vocab:
+        raise TTConfigError(key, head.folder, f"a head drafting in the target's vocabulary of {vocab} ids; its config "
+                            f"has vocab_size {head.vocab_size}, draft_vocab_size {head.draft_vocab_size}", fix)
+    if not all(0 <= i <= layers for i in head.aux_layer_ids):
+        raise TTConfigError(key, head.folder, f"eagle_aux_hidden_state_layer_ids in [0, {layers}] (the target's "
+                            f"layers); its config names {list(head.aux_layer_ids)}", fix)
 
 
 def _check_model_drafts(spec: SpeculativeConfig, k: int, caps: ModelCapabilities, arch: str) -> None:

@@ -156,6 +156,17 @@ class ProgramCosts:
         dims = dataclasses.replace(self.dims, num_layers=num_layers, tied_embeddings=False)
         return dataclasses.replace(self, dims=dims, description=f"{self.description}, {num_layers} layer(s) + head")
 
+    def eagle3_head(self, draft_vocab_size: int, aux_states: int) -> ProgramCosts:
+        """An EAGLE-3 head's programs on the same mesh: one of these layers, its ``fc`` over
+        ``aux_states`` of the target's hidden states and its LM head over ``draft_vocab_size``
+        ids (``fc``'s ``[hidden, aux_states * hidden]`` weights read as that many more head rows)."""
+        if self.dims is None:
+            return self
+        dims = dataclasses.replace(self.dims, num_layers=1, tied_embeddings=False,
+                                   vocab_size=draft_vocab_size + aux_states * self.dims.hidden_size)
+        return dataclasses.replace(self, dims=dims, description=f"{self.description}, 1 layer + fc + "
+                                                                 f"{draft_vocab_size}-id head")
+
     def decode_s(self, context_tokens: int) -> float:
         """One decode step over the batch; ``context_tokens`` = KV positions read, all rows."""
         if self.fixed_s is not None:

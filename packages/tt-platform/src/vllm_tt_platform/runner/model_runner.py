@@ -31,6 +31,7 @@ from vllm_tt_platform.runner.call_builder import StepCalls
 from vllm_tt_platform.runner.device_watch import DeviceWatch
 from vllm_tt_platform.runner.draft_model import DraftModel
 from vllm_tt_platform.runner.drafters import Drafter, NgramDrafts, PagedDrafter
+from vllm_tt_platform.runner.eagle3 import Eagle3Drafts
 from vllm_tt_platform.runner.kv_budget import KVBudget
 from vllm_tt_platform.runner.kv_cache import RunnerKV
 from vllm_tt_platform.runner.kv_connector import NO_CONNECTOR, StepConnector, step_connector
@@ -98,8 +99,9 @@ class TTModelRunner:
         self._spec: Speculation | None = None
         """Set by ``load_model`` when ``--speculative-config`` is given."""
         self._paged_drafter: PagedDrafter | None = None
-        """``method: draft_model`` (the drafter checkpoint on the mesh) or ``mtp`` (the model's
-        MTP module): a drafter with KV pages of its own, one per target block."""
+        """``method: draft_model`` (the drafter checkpoint on the mesh), ``mtp`` (the model's
+        MTP module) or ``eagle3`` (an EAGLE-3 head beside the model): a drafter with KV pages of
+        its own, one per target block."""
         self.mixed_shapes = setup.capabilities.mixed_shapes if config.mixed_steps else ()
         """The mixed programs the model runs (``tt.mixed_steps``); empty: phase-pure steps only."""
         self.blocks = BlockOutput(config.block_tokens, self.max_model_len) if config.block_tokens > 1 else None
@@ -138,6 +140,9 @@ class TTModelRunner:
                     raise TypeError(f"{model_cls.__qualname__}: the first KV layer is not attention ({layer_spec})")
                 drafter = self._paged_drafter = MtpDrafts(self.vllm_config, self._model, layer_spec,
                                                           self.spec_settings.num_tokens, self.batch.num_slots)
+            elif self.spec_settings.method == "eagle3":
+                drafter = self._paged_drafter = Eagle3Drafts(self.vllm_config, self._model, self.spec_settings.num_tokens,
+                                                             self.batch.num_slots)
             elif self.spec_settings.method == "custom_class":  # startup checks: the model's own drafter
                 drafter = ModelDrafts(self.vllm_config, self._model, self.spec_settings.num_tokens, self._calls)
             elif self.spec_settings.method == "draft_model":

@@ -132,9 +132,15 @@ class HostDecoder:
         self.mtp: MtpModule | None = None
         """The checkpoint's MTP module, for families that load one (``frame.mtp``)."""
         self.keep_hidden = False
+        self.aux_layers: tuple[int, ...] = ()
+        """With ``keep_hidden``, the layers whose entering residual stream is kept instead of the
+        final hidden (an EAGLE-3 head's ``eagle_aux_hidden_state_layer_ids``; ``num_layers``: the
+        last layer's output before the final norm), joined in this order."""
+        self._aux: dict[int, torch.Tensor] = {}
         self.last_hidden: torch.Tensor | None = None
         """``[T, hidden]`` of the last ``prefill`` (its real positions) or ``[B, hidden]`` of
-        the last ``decode``, when ``keep_hidden``."""
+        the last ``decode``, when ``keep_hidden`` (``[., len(aux_layers) * hidden]`` with
+        ``aux_layers``)."""
 
     @torch.no_grad()
     def prefill(
@@ -166,6 +172,7 @@ class HostDecoder:
         x, per_layer, row = self._prefill_inputs(new_tokens, start, bucket, lane_kv, inserts)
         for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
             layer_input = None if per_layer is None else per_layer[:, index]
+            self._capture(index, x)
             x = add_after_layer(self._prefill_layer(index, layer, x, layer_kv, page_row, row, layer_input),
                                 inserts, index)
         return x
@@ -281,10 +288,22 @@ class HostDecoder:
         return self._logits(x)
 
     def _keep_hidden(self, x: torch.Tensor) -> None:
-        """With ``keep_hidden`` (an MTP module drafts from them), the last call's final hidden
-        states after the model's norm: what the target hands its MTP module."""
-        if self.keep_hidden:
+        """With ``keep_hidden`` (an MTP module or EAGLE-3 head drafts from them), the last call's
+        final hidden states after the model's norm (what the target hands its MTP module), or
+        with ``aux_layers`` its auxiliary hidden states (what an EAGLE-3 head reads)."""
+        if not self.keep_hidden:
+            return
+        if not self.aux_layers:
             self.last_hidden = self._norm(x, self.weights.norm)
+            return
+        self._capture(len(self.weights.layers), x)
+        self.last_hidden = torch.cat([self._aux[i][: x.shape[0]] for i in self.aux_layers], dim=-1)
+        self._aux = {}
+
+    def _capture(self, index: int, x: torch.Tensor) -> None:
+        """The residual stream entering layer ``index``, when an EAGLE-3 head reads it."""
+        if self.keep_hidden and index in self.aux_layers:
+            self._aux[index] = x
 
     def _decode_layers(self, x: torch.Tensor, step: DecodeRows, page_tables: Sequence[torch.Tensor],
                        kv: list[LaneKV], per_layer: torch.Tensor | None = None) -> torch.Tensor:
@@ -292,6 +311,7 @@ class HostDecoder:
         (and ``_per_layer_inputs`` of them)."""
         for index, (layer, page_table) in enumerate(zip(self.weights.layers, page_tables, strict=True)):
             layer_input = None if per_layer is None else per_layer[:, index]
+            self._capture(index, x)
             x = self._decode_layer(index, layer, x, step, page_table, kv, layer_input)
         return x
 

@@ -33,6 +33,10 @@ MIXED: Mapping[str, Any] = {"mixed_shapes": [list(shape) for shape in MIXED_SHAP
 """What a text decoder whose layers are the frame's hooks adds: mixed steps (``mixed``), one
 walk over its layers running ``_decode_layer`` and ``_prefill_layer`` for each."""
 
+EAGLE3: Mapping[str, Any] = {"supports_eagle3": True}
+"""What a decoder running the frame's layer stacks adds: an EAGLE-3 head beside it, reading the
+residual streams those stacks capture (``eagle3``)."""
+
 SLIDING: Mapping[str, Any] = {**DECODER, "kv_cache_kinds": ["full_attention", "sliding_window"]}
 """A decoder with sliding-window and full layers (hybrid KV)."""
 

@@ -7,7 +7,7 @@ Qwen3-Reranker recipe: ``TTQwen3ForSequenceClassification``)."""
 
 from __future__ import annotations
 
-from vllm_tt_host.models.frame.family import DECODER, MIXED, SELF_DRAFTING, HostFamily
+from vllm_tt_host.models.frame.family import DECODER, EAGLE3, MIXED, SELF_DRAFTING, HostFamily
 
 FAMILY = HostFamily(
     __name__,
@@ -21,7 +21,7 @@ FAMILY = HostFamily(
     tiny=("llama", "mistral", "qwen2", "qwen3"),
     capabilities={
         **dict.fromkeys(("TTLlamaForCausalLM", "TTMistralForCausalLM", "TTQwen2ForCausalLM", "TTQwen3ForCausalLM"),
-                        {**DECODER, **SELF_DRAFTING, **MIXED, "supports_pooling": True}),
+                        {**DECODER, **SELF_DRAFTING, **MIXED, **EAGLE3, "supports_pooling": True}),
         "TTQwen3ForSequenceClassification": {"pooling_model": True, "pooled_outputs": True},
     },
 )

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from vllm_tt_host.models.frame.family import MIXED, SELF_DRAFTING
+from vllm_tt_host.models.frame.eagle3 import Eagle3Serving
+from vllm_tt_host.models.frame.family import EAGLE3, MIXED, SELF_DRAFTING
 from vllm_tt_host.models.frame.generator import HostCausalLM
 from vllm_tt_host.models.frame.pooling import DecoderPooling, HostDecoderClassifier
 
 
-class _LlamaStyleLM(DecoderPooling, HostCausalLM):
+class _LlamaStyleLM(Eagle3Serving, DecoderPooling, HostCausalLM):
     model_capabilities: ClassVar[dict[str, Any]] = {
-        **HostCausalLM.model_capabilities, **SELF_DRAFTING, **MIXED, "supports_pooling": True,
+        **HostCausalLM.model_capabilities, **SELF_DRAFTING, **MIXED, **EAGLE3, "supports_pooling": True,
     }
 
 
