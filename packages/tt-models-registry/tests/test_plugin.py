@@ -11,10 +11,12 @@ from vllm_tt_models_registry import BundleError, plugin
 
 @pytest.fixture
 def vllm_registry():
-    """vLLM's global model registry, restored after the test."""
+    """vLLM's global model registry, restored after the test; the plugin starts unregistered (an
+    engine config built earlier in the process, e.g. by a startup-check test, registered it)."""
     from vllm import ModelRegistry
 
     saved = dict(ModelRegistry.models)
+    plugin._registered_for = None
     yield ModelRegistry
     ModelRegistry.models.clear()
     ModelRegistry.models.update(saved)
