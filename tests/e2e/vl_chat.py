@@ -84,12 +84,20 @@ def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
     return runs
 
 
+def _is_request(rid: str, request_id: str) -> bool:
+    """Whether the scheduler's ``rid`` is ``request_id`` (vLLM appends a suffix to it)."""
+    return rid == request_id or rid.startswith(request_id + "-")
+
+
 def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
-    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace; a
+    preemption before the prompt was done starts the count again (vLLM prefills it anew)."""
     ends, done = [], 0
     for step in trace:
+        if done < prompt_len and any(_is_request(rid, request_id) for rid in step.get("preempted", ())):
+            done = 0
         for rid, tokens in step["scheduled"].items():
-            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
+            if _is_request(rid, request_id) and done < prompt_len:
                 done += tokens
                 ends.append(done)
     return ends
@@ -109,6 +117,19 @@ def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int) 
         assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)
         chunked += len(ends) > 1
     return chunked
+
+
+def preempted_at(trace_path: Path, request_id: str) -> list[int]:
+    """How many tokens ``request_id`` had been scheduled (prompt and generated) each time vLLM
+    preempted it, read from the scheduler's step trace; empty when it never was."""
+    at, done = [], 0
+    for line in trace_path.read_text().splitlines():
+        step = json.loads(line)
+        if any(_is_request(rid, request_id) for rid in step.get("preempted", ())):
+            at.append(done)
+            done = 0
+        done += sum(tokens for rid, tokens in step["scheduled"].items() if _is_request(rid, request_id))
+    return at
 
 
 def data_url(image: Any) -> str:
