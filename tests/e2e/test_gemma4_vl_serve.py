@@ -36,7 +36,7 @@ from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_vl
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import metric_total, offline_llm, serve
+from tests.e2e.helpers import metric_total, serve
 from tests.e2e.vl_chat import (
     BAD_REQUESTS,
     assert_every_lane_prefilled_an_image,
@@ -87,22 +87,14 @@ def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(chec
     from vllm import SamplingParams
 
     trace = tmp_path / "steps.jsonl"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TT_STEP_TRACE", str(trace))
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
-        llm = offline_llm(model=str(checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
-                          num_gpu_blocks_override=BLOCKS, max_num_batched_tokens=STEP_BUDGET,
-                          enable_chunked_prefill=True, enable_prefix_caching=False,
-                          limit_mm_per_prompt={"image": 2}, seed=0, disable_log_stats=False,
-                          additional_config={"tt": {"mesh_backend": "host"}})
-    processor = hf_vl[1]
+    llm = vl_chat.traced_llm(trace, model=str(checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
+                             num_gpu_blocks_override=BLOCKS, max_num_batched_tokens=STEP_BUDGET,
+                             enable_chunked_prefill=True, enable_prefix_caching=False,
+                             limit_mm_per_prompt={"image": 2})
 
     def generate(llm: Any, requests: list[tuple[int, ...]], salt: int, max_tokens: int) -> list[Any]:
-        prompts = [{"prompt": vl_chat.chat_text(processor, len(kinds)),
-                    **({"multi_modal_data": {"image": vl_chat.images(kinds, salt + i)}} if kinds else {})}
-                   for i, kinds in enumerate(requests)]
-        return llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-                            use_tqdm=False)
+        return llm.generate(vl_chat.llm_prompts(hf_vl[1], requests, salt),
+                            SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
 
     mixed = generate(llm, REQUESTS, 5, MAX_TOKENS)
     long = generate(llm, LONG_REQUESTS, 30, LONG_TOKENS)
@@ -120,9 +112,7 @@ def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(chec
     assert len({tuple(by_kinds[(k,)]) for k in range(4)}) == 4 and by_kinds[(1,)] != by_kinds[()]
     chunked = vl_chat.assert_chunks_keep_images(trace, [*mixed, *long], hf_vl[0].config.image_token_id)
     assert chunked >= 4, "the image prompts were prefilled in chunks"
-    decoded_then_preempted = [r.request_id for r in long
-                              if any(at > len(r.prompt_token_ids) for at in vl_chat.preempted_at(trace, r.request_id))]
-    assert preemptions > 0 and decoded_then_preempted, "requests were preempted while decoding and resumed"
+    assert preemptions > 0 and vl_chat.preempted_while_decoding(trace, long), "requests were preempted while decoding"
 
 
 def prefill_ends(trace: Path) -> dict[str, list[int]]:

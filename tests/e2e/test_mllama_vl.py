@@ -20,16 +20,16 @@ import pytest
 from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_mllama import build_tiny_mllama
 
-from tests.e2e.helpers import metric_total, offline_llm, serve
+from tests.e2e.helpers import metric_total, serve
 from tests.e2e.vl_chat import (
     assert_every_lane_prefilled_an_image,
     chat_body,
-    chat_text,
     hf_generate,
     image_parts,
-    images,
     lane_serve,
-    preempted_at,
+    llm_prompts,
+    preempted_while_decoding,
+    traced_llm,
 )
 
 pytestmark = pytest.mark.e2e
@@ -70,18 +70,10 @@ def test_llm_generate_with_images_equals_transformers_under_preemption(checkpoin
     from vllm import SamplingParams
 
     trace = tmp_path / "steps.jsonl"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TT_STEP_TRACE", str(trace))
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
-        llm = offline_llm(model=str(checkpoint), max_model_len=160, max_num_batched_tokens=160, max_num_seqs=4,
-                          block_size=32, num_gpu_blocks_override=BLOCKS, limit_mm_per_prompt={"image": 2}, seed=0,
-                          disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}})
-    processor = hf_mllama[1]
-    prompts = [{"prompt": chat_text(processor, len(kinds))}
-               | ({"multi_modal_data": {"image": images(kinds, 5 + i, SIZE)}} if kinds else {})
-               for i, kinds in enumerate(REQUESTS)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=LONG_TOKENS, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
+    llm = traced_llm(trace, model=str(checkpoint), max_model_len=160, max_num_batched_tokens=160, max_num_seqs=4,
+                     block_size=32, num_gpu_blocks_override=BLOCKS, limit_mm_per_prompt={"image": 2})
+    outs = llm.generate(llm_prompts(hf_mllama[1], REQUESTS, 5, SIZE),
+                        SamplingParams(max_tokens=LONG_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False)
     preemptions = metric_total(llm, "vllm:num_preemptions")
     del llm
     got = {kinds: (list(out.prompt_token_ids), list(out.outputs[0].token_ids))
@@ -91,9 +83,9 @@ def test_llm_generate_with_images_equals_transformers_under_preemption(checkpoin
     mismatches = [(kinds, got[kinds], want[kinds]) for kinds in REQUESTS if got[kinds] != want[kinds]]
     assert not mismatches, mismatches
     assert_images_decide({kinds: answer for kinds, (_, answer) in got.items()})
-    decoding = {kinds: preempted_at(trace, out.request_id) for kinds, out in zip(REQUESTS, outs, strict=True)
-                if any(at > len(out.prompt_token_ids) for at in preempted_at(trace, out.request_id))}
-    assert preemptions > 0 and any(len(kinds) == 2 for kinds in decoding), (preemptions, decoding)
+    decoding = preempted_while_decoding(trace, outs)
+    two_images = {out.request_id for kinds, out in zip(REQUESTS, outs, strict=True) if len(kinds) == 2}
+    assert preemptions > 0 and two_images & set(decoding), (preemptions, decoding)
 
 
 def test_serve_chat_with_base64_images_in_lanes_equals_transformers(checkpoint, hf_mllama, tmp_path):

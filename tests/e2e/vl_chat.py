@@ -132,6 +132,35 @@ def preempted_at(trace_path: Path, request_id: str) -> list[int]:
     return at
 
 
+def preempted_while_decoding(trace_path: Path, results: Any) -> list[str]:
+    """The request ids of ``results`` (``vllm.LLM`` outputs) that vLLM preempted after their
+    prompt was done (it then prefills prompt and answer again)."""
+    return [r.request_id for r in results
+            if any(at > len(r.prompt_token_ids) for at in preempted_at(trace_path, r.request_id))]
+
+
+def traced_llm(trace_path: Path, **engine_args: Any) -> Any:
+    """``vllm.LLM(**engine_args)`` on the host backend (seed 0, stats on), its engine core
+    in-process (to read its metrics) and its scheduler step trace written to ``trace_path``."""
+    import pytest
+
+    from tests.e2e.helpers import offline_llm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TT_STEP_TRACE", str(trace_path))
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return offline_llm(seed=0, disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}},
+                           **engine_args)
+
+
+def llm_prompts(processor: Any, requests: list[tuple[int, ...]], salt: int,
+                size: tuple[int, int] = (32, 32)) -> list[dict[str, Any]]:
+    """``vllm.LLM`` prompts: the chat text with these images (request ``i`` salted ``salt + i``)."""
+    return [{"prompt": chat_text(processor, len(kinds)),
+             **({"multi_modal_data": {"image": images(kinds, salt + i, size)}} if kinds else {})}
+            for i, kinds in enumerate(requests)]
+
+
 def data_url(image: Any) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
