@@ -4,12 +4,13 @@ model patch and expands each image into as many image tokens; the host model emb
 patch on its own (no vision tower) into the Gemma 4 text decoder, whose image tokens see their
 whole image on every layer (past the sliding window too).
 
-One engine start on one lane of 4 rows with an 80-token step budget (the image prompts are
-prefilled in several chunks; the host model refuses a chunk that cuts an image or starts inside
-one reaching past its window): concurrent OpenAI chat requests with base64 images
+One engine start in lane mode (``MESH_DEVICE=TG``, 2 lanes of 4 rows, a 20 ms program floor, as
+the other VL serve tests) with an 80-token step budget (the image prompts are prefilled in
+several chunks; the host model refuses a chunk that cuts an image or starts inside one reaching
+past its window): concurrent OpenAI chat requests with base64 images
 (text only, one and two square images, a wide one) equal transformers' generate() token for
-token, prompt ids included, and the image decides the answer; corrupt image bytes are a 400 and
-the next request is served. Prefix caching is off for this model (it declares none)."""
+token, prompt ids included, the image decides the answer and both lanes prefilled an image;
+corrupt image bytes are a 400 and the next request is served. Prefix caching is off for this model (it declares none)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,13 @@ from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_unified
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
-from tests.e2e.vl_chat import BAD_REQUESTS, chat_body, image_parts
+from tests.e2e.vl_chat import (
+    BAD_REQUESTS,
+    assert_every_lane_prefilled_an_image,
+    chat_body,
+    image_parts,
+    lane_serve,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +50,10 @@ def checkpoint():
 
 def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path):
     model = str(checkpoint)
-    log = tmp_path / "serve.log"
-    with serve(checkpoint, "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "80",
-               "--limit-mm-per-prompt", '{"image": 2}', log=log) as url:
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    lane_args, lane_env = lane_serve(4, trace)
+    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", "80",
+               "--limit-mm-per-prompt", '{"image": 2}', env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]]) -> httpx.Response:
             return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS), timeout=300)
@@ -69,3 +77,4 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path)
     assert after.json()["choices"][0]["token_ids"] == vl_chat.hf_generate(
         hf_vl, (2,), MAX_TOKENS, 11, nested=True, add_special_tokens=False)[1]
     assert corrupt.status_code == 400, corrupt.text
+    assert_every_lane_prefilled_an_image(trace, log, 4, len(want[0][0]))

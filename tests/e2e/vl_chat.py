@@ -84,12 +84,20 @@ def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
     return runs
 
 
+def _is_request(rid: str, request_id: str) -> bool:
+    """Whether the scheduler's ``rid`` is ``request_id`` (vLLM appends a suffix to it)."""
+    return rid == request_id or rid.startswith(request_id + "-")
+
+
 def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
-    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace."""
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace; a
+    preemption before the prompt was done starts the count again (vLLM prefills it anew)."""
     ends, done = [], 0
     for step in trace:
+        if done < prompt_len and any(_is_request(rid, request_id) for rid in step.get("preempted", ())):
+            done = 0
         for rid, tokens in step["scheduled"].items():
-            if (rid == request_id or rid.startswith(request_id + "-")) and done < prompt_len:
+            if _is_request(rid, request_id) and done < prompt_len:
                 done += tokens
                 ends.append(done)
     return ends
@@ -109,6 +117,48 @@ def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int) 
         assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)
         chunked += len(ends) > 1
     return chunked
+
+
+def preempted_at(trace_path: Path, request_id: str) -> list[int]:
+    """How many tokens ``request_id`` had been scheduled (prompt and generated) each time vLLM
+    preempted it, read from the scheduler's step trace; empty when it never was."""
+    at, done = [], 0
+    for line in trace_path.read_text().splitlines():
+        step = json.loads(line)
+        if any(_is_request(rid, request_id) for rid in step.get("preempted", ())):
+            at.append(done)
+            done = 0
+        done += sum(tokens for rid, tokens in step["scheduled"].items() if _is_request(rid, request_id))
+    return at
+
+
+def preempted_while_decoding(trace_path: Path, results: Any) -> list[str]:
+    """The request ids of ``results`` (``vllm.LLM`` outputs) that vLLM preempted after their
+    prompt was done (it then prefills prompt and answer again)."""
+    return [r.request_id for r in results
+            if any(at > len(r.prompt_token_ids) for at in preempted_at(trace_path, r.request_id))]
+
+
+def traced_llm(trace_path: Path, **engine_args: Any) -> Any:
+    """``vllm.LLM(**engine_args)`` on the host backend (seed 0, stats on), its engine core
+    in-process (to read its metrics) and its scheduler step trace written to ``trace_path``."""
+    import pytest
+
+    from tests.e2e.helpers import offline_llm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TT_STEP_TRACE", str(trace_path))
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return offline_llm(seed=0, disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}},
+                           **engine_args)
+
+
+def llm_prompts(processor: Any, requests: list[tuple[int, ...]], salt: int,
+                size: tuple[int, int] = (32, 32)) -> list[dict[str, Any]]:
+    """``vllm.LLM`` prompts: the chat text with these images (request ``i`` salted ``salt + i``)."""
+    return [{"prompt": chat_text(processor, len(kinds)),
+             **({"multi_modal_data": {"image": images(kinds, salt + i, size)}} if kinds else {})}
+            for i, kinds in enumerate(requests)]
 
 
 def data_url(image: Any) -> str:

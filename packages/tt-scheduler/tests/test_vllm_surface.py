@@ -42,6 +42,8 @@ def problems(touch: Touch, instance: object | None = None) -> list[str]:
 @pytest.fixture(scope="module")
 def instances() -> dict[str, Any]:
     """vLLM's own objects whose attributes are set in ``__init__``, built as the engine does."""
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+
     sched = build_scheduler(Scheduler, SimConfig())
     manager = sched.kv_cache_manager
     return {
@@ -50,6 +52,7 @@ def instances() -> dict[str, Any]:
         "KVCacheManager": manager,
         "BlockPool": manager.block_pool,
         "EncoderCacheManager": sched.encoder_cache_manager,
+        "EncoderDecoderCacheManager": EncoderDecoderCacheManager(cache_size=64),
     }
 
 
@@ -85,3 +88,22 @@ def test_each_class_and_name_is_listed_once() -> None:
     for touch in VLLM_SURFACE:
         names = Counter(touch.names)
         assert [name for name, n in names.items() if n > 1] == [], touch.owner
+
+
+def test_pending_encoder_frees_are_read_from_both_cache_managers():
+    """An encoder-decoder model's cache manager has no ``freed``: its two-step buffer says
+    whether the next hand-over moves entries (a lane with such entries is not idle)."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, EncoderDecoderCacheManager
+    from vllm_tt_scheduler.scheduler import encoder_frees_pending
+
+    enc_dec = EncoderDecoderCacheManager(cache_size=64)
+    steps = []
+    enc_dec.allocated.append("image")
+    for _ in range(3):
+        steps.append(encoder_frees_pending(enc_dec))
+        enc_dec.get_freed_mm_hashes()
+    assert steps == [True, True, False]
+    cache = EncoderCacheManager(cache_size=64)
+    assert not encoder_frees_pending(cache)
+    cache.freed.append("image")
+    assert encoder_frees_pending(cache)

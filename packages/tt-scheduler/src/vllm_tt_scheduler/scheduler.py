@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from vllm.logger import init_logger
+from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, EncoderDecoderCacheManager
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -41,6 +42,15 @@ _RUNNING = RequestStatus.RUNNING
 # After a prefill pass admitted nothing, admission is retried once KV blocks were freed,
 # or after this many steps at the latest.
 _ADMISSION_RETRY_STEPS = 16
+
+
+def encoder_frees_pending(manager: EncoderCacheManager) -> bool:
+    """Whether vLLM's next ``get_freed_mm_hashes()`` hands entries over or moves them: the
+    encoder cache's ``freed`` list, or for an encoder-decoder model (Mllama) its two-step
+    buffer (``allocated`` this step, ``to_free`` the next), which has no ``freed``."""
+    if isinstance(manager, EncoderDecoderCacheManager):
+        return bool(manager.allocated or manager.to_free)
+    return bool(manager.freed)
 
 
 class PhaseScheduling(SchedulerBackports):
@@ -244,7 +254,7 @@ class PhaseScheduling(SchedulerBackports):
             (self.waiting or self.kv_holding_waiting) and self._free_slots() > 0
         ):
             return False
-        return not (self.finished_req_ids or self.reset_preempted_req_ids or self.encoder_cache_manager.freed)
+        return not (self.finished_req_ids or self.reset_preempted_req_ids or encoder_frees_pending(self.encoder_cache_manager))
 
     def end_step(self, phase: Phase) -> None:
         """Record the phase the step (or this lane's slice of it) ended up with."""

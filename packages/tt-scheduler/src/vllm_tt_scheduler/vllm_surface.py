@@ -101,6 +101,7 @@ VLLM_SURFACE: tuple[Touch, ...] = (
     ),
     Touch("vllm.v1.core.block_pool:BlockPool", reads=("get_num_free_blocks", "num_gpu_blocks")),
     Touch("vllm.v1.core.encoder_cache_manager:EncoderCacheManager", reads=("freed",)),
+    Touch("vllm.v1.core.encoder_cache_manager:EncoderDecoderCacheManager", reads=("allocated", "to_free")),
     Touch("vllm.v1.kv_cache_interface:KVCacheConfig", reads=("kv_cache_groups", "num_blocks")),
     Touch("vllm.v1.kv_cache_interface:KVCacheGroupSpec", reads=("kv_cache_spec",)),
     Touch("vllm.v1.kv_cache_interface:FullAttentionSpec", reads=("attention_chunk_size",)),

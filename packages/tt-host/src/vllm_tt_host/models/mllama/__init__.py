@@ -10,10 +10,11 @@ from vllm_tt_host.models.frame.shapes import PREFILL_BUCKETS
 
 CAPABILITIES: dict[str, Any] = {
     "supports_device_penalties": False, "prefill_trace_lens": list(PREFILL_BUCKETS),
-    "kv_cache_kinds": ["full_attention", "cross_attention"],
+    "kv_cache_kinds": ["full_attention", "cross_attention"], "single_program_lanes": True,
 }
 """tt-metal's Mllama flags (no prefix caching, no device sampling; no async decode here: the
-decode call's cross page table is set before it runs), plus the cross-attention KV kind."""
+decode call's cross page table is set before it runs), plus the cross-attention KV kind and
+lanes (each lane's call brings its own rows' cross page table)."""
 
 FAMILY = HostFamily(
     __name__,

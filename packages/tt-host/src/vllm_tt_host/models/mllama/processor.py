@@ -5,13 +5,14 @@ its config): the request's token ids are the decoder prompt, the user's text as 
 ``<|image|>`` per image, BOS from the tokenizer or template; vLLM adds no decoder start
 token), and the encoder prompt only places the images, each as many placeholder positions as
 it has vision keys (``max_num_tiles * patches``: the cross-attention blocks vLLM allocates for
-it). transformers' ``MllamaProcessor`` makes the tiles; each image's ``pixel_values``,
+it), every image placed at the encoder prompt's start (see ``apply``). transformers' ``MllamaProcessor`` makes the tiles; each image's ``pixel_values``,
 ``aspect_ratio_ids`` and ``aspect_ratio_mask`` reach ``prefill_forward`` as the runner passes
 any image tensors. The cross-attention mask is not sent: the model derives it from the tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,24 @@ class MllamaDummyInputsBuilder(BaseDummyInputsBuilder[MllamaProcessingInfo]):
 class MllamaMultiModalProcessor(EncDecMultiModalProcessor[MllamaProcessingInfo]):
     skip_decoder_start_token = True
     """The decoder prompt is the user's own (transformers' ``generate`` prepends nothing)."""
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's inputs with every image's placeholder range moved to offset 0 (its length kept).
+
+        vLLM 0.33's scheduler treats an encoder-decoder model's items as all sitting at the
+        start (``v1/core/sched/scheduler.py::_try_schedule_encoder_inputs``: ``lo = 0`` and
+        ``assert start_pos == 0`` once a decoder token is computed), but schedules on the first
+        prefill only the items that start before the end of the decoder prompt. Laid end to end,
+        a second image (offset 34 on the tiny model) would get no cross-attention blocks when
+        the decoder prompt is shorter than its offset (vLLM sizes them from the scheduled items),
+        and decoding up to its offset would trip that assertion. At offset 0 every image is
+        scheduled, and its blocks allocated, on the prompt's one prefill step (also after a
+        preemption), and none later."""
+        inputs = super().apply(*args, **kwargs)
+        placeholders = inputs["mm_placeholders"]
+        inputs["mm_placeholders"] = {modality: [dataclasses.replace(r, offset=0) for r in ranges]
+                                     for modality, ranges in placeholders.items()}
+        return inputs
 
     def create_encoder_prompt(self, prompt: list[int], mm_items: MultiModalDataItems) -> list[int]:
         return [self.info.image_token_id()] * mm_items.get_count("image", strict=False)
