@@ -10,7 +10,10 @@ the waiting requests first come first served up to ``--max-num-seqs`` and vLLM's
 vLLM's scheduler admits them, and packed into calls as the runner packs them (by modelled
 time). The baseline serves each request alone, in a ``1xL`` program of
 the shortest length that holds it. Several request mixes and shape sets, so that the default
-shape set is chosen from the measured waste. No model runs. Writes JSON and a markdown table.
+shape set is chosen from the measured waste. On a Galaxy it also compares one engine over the
+whole mesh with the same mesh run as lanes (``--data-parallel-size``: every call runs its shape
+on each lane's sub-mesh side by side, ``--max-num-seqs`` and the token budget per lane). No
+model runs. Writes JSON and a markdown table.
 
     python benchmarks/pooling_bench.py            # full run (seconds)
     python benchmarks/pooling_bench.py --quick    # smoke run
@@ -65,6 +68,9 @@ SHAPE_SETS = {
 """The shape sets compared (``--additional-config.tt.pooling_shapes`` values): the default grid,
 the grid of powers of two it replaced (the half-octave lengths 96, 192, 384 were chosen from
 this benchmark's padding waste), and a coarse set of four programs."""
+LANE_MODELS = ("bge-large@TG", "qwen3-embedding-8b@TG")
+"""Cost models of the lanes comparison: one engine over the Galaxy's (8,4) mesh against lanes."""
+LANE_COUNTS = (1, 4, 8)
 LOADS = (0.5, 1.0, 2.0, 4.0)
 """Arrival rate as a multiple of what serving each request alone sustains (1.0 saturates it)."""
 
@@ -76,19 +82,22 @@ class Plan:
     mixes: tuple[str, ...]
     shape_sets: tuple[str, ...]
     loads: tuple[float, ...]
+    lane_models: tuple[str, ...] = ()
+    lane_counts: tuple[int, ...] = LANE_COUNTS
 
 
-FULL = Plan(2000, COST_MODELS, tuple(m.name for m in MIXES), tuple(SHAPE_SETS), LOADS)
-QUICK = Plan(60, COST_MODELS[:1], (MIXES[2].name,), ("default",), (1.0,))
+FULL = Plan(2000, COST_MODELS, tuple(m.name for m in MIXES), tuple(SHAPE_SETS), LOADS, LANE_MODELS)
+QUICK = Plan(60, COST_MODELS[:1], (MIXES[2].name,), ("default",), (1.0,), LANE_MODELS[:1], (1, 4))
 
 
-def costs_of(spec: str) -> Any:
+def costs_of(spec: str, lanes: int = 1) -> Any:
+    """The cost model ``spec`` (``model@preset``) of one of ``lanes`` equal sub-meshes."""
     from vllm_tt_platform.cost.device_time import MODEL_PROFILES, parse_device_time
     from vllm_tt_platform.mesh.shape import MESH_PRESETS
 
     parsed = parse_device_time(spec)
     assert parsed.mesh_preset is not None and parsed.model is not None
-    return parsed.resolve(MODEL_PROFILES[parsed.model], MESH_PRESETS[parsed.mesh_preset], parsed.mesh_preset)
+    return parsed.resolve(MODEL_PROFILES[parsed.model], MESH_PRESETS[parsed.mesh_preset], parsed.mesh_preset, lanes)
 
 
 def prompt_lengths(mix: Mix, count: int, seed: int = 0) -> list[int]:
@@ -121,9 +130,10 @@ class Served:
     """Real (prompt) tokens per shape."""
 
 
-def serve(lengths: list[int], times: list[float], shapes: Any, costs: Any, alone: bool) -> Served:
+def serve(lengths: list[int], times: list[float], shapes: Any, costs: Any, alone: bool, lanes: int = 1) -> Served:
     """Run the trace: each step takes waiting requests (one, ``alone``) first come first served
-    up to ``MAX_NUM_SEQS`` and ``TOKEN_BUDGET``; its calls run one after the other."""
+    up to ``MAX_NUM_SEQS`` and ``TOKEN_BUDGET`` per lane; its calls run one after the other,
+    each on every lane's sub-mesh at once (``costs``: one sub-mesh's)."""
     clock, nxt, done = 0.0, 0, [0.0] * len(lengths)
     waiting: list[int] = []
     per_shape: Counter[str] = Counter()
@@ -137,22 +147,22 @@ def serve(lengths: list[int], times: list[float], shapes: Any, costs: Any, alone
             clock = times[nxt]
             continue
         batch: list[int] = []
-        budget = TOKEN_BUDGET
+        budget = TOKEN_BUDGET * lanes
         for index in waiting:
-            if len(batch) == (1 if alone else MAX_NUM_SEQS) or lengths[index] > budget:
+            if len(batch) == (1 if alone else MAX_NUM_SEQS * lanes) or lengths[index] > budget:
                 break
             batch.append(index)
             budget -= lengths[index]
         waiting = waiting[len(batch):]
         step_lengths = [lengths[i] for i in batch]
-        for call in shapes.plan(step_lengths, lambda shape: costs.pool_s(shape.batch, shape.length)):
+        for call in shapes.plan(step_lengths, lambda shape: costs.pool_s(shape.batch, shape.length), lanes):
             clock += costs.pool_s(call.shape.batch, call.shape.length)
             name = str(call.shape)
             per_shape[name] += 1
             tokens = sum(step_lengths[r] for r in call.rows)
             shape_real[name] += tokens
             real += tokens
-            padded += call.shape.batch * call.shape.length
+            padded += call.batch * call.shape.length
         for index in batch:
             done[index] = clock
         steps += 1
@@ -207,7 +217,34 @@ def benchmark(plan: Plan) -> dict[str, Any]:
                     shapes = PoolingShapes.resolve(SHAPE_SETS[name], MAX_NUM_SEQS, MAX_MODEL_LEN)
                     rows.append(row(serve(lengths, times, shapes, costs, alone=False),
                                     {**label, "server": "batched", "shapes": name}, len(lengths)))
-    return {"rows": versus_alone(rows)}
+    return {"rows": versus_alone(rows), "lanes": lanes_rows(plan)}
+
+
+def lanes_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Each lane model, mix and load: one engine over the whole mesh (1 lane) and the same mesh
+    as lanes, default shapes, with throughput and p99 relative to the one engine. Loads are
+    multiples of what the one engine serving each request alone sustains."""
+    from vllm_tt_platform.config.pooling_shapes import PoolingShapes
+
+    shapes = PoolingShapes.resolve(None, MAX_NUM_SEQS, MAX_MODEL_LEN)
+    mixes = {mix.name: mix for mix in MIXES}
+    rows: list[dict[str, Any]] = []
+    for model in plan.lane_models:
+        whole = costs_of(model)
+        for mix_name in plan.mixes:
+            lengths = prompt_lengths(mixes[mix_name], plan.num_requests)
+            alone_s = statistics.fmean(whole.pool_s(1, shapes.length_for(n)) for n in lengths)
+            for load in plan.loads:
+                times = arrivals(lengths, load / alone_s)
+                base: dict[str, Any] | None = None
+                for lanes in plan.lane_counts:
+                    served = serve(lengths, times, shapes, costs_of(model, lanes), alone=False, lanes=lanes)
+                    r = row(served, {"cost_model": model, "mix": mix_name, "load": load, "lanes": lanes}, len(lengths))
+                    base = base or r
+                    r["throughput_vs_one_engine"] = r["embeddings_per_s"] / base["embeddings_per_s"]
+                    r["p99_vs_one_engine"] = r["latency_p99_ms"] / base["latency_p99_ms"]
+                    rows.append(r)
+    return rows
 
 
 def versus_alone(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -241,6 +278,18 @@ def markdown(result: dict[str, Any]) -> str:
               "| cost model | shape | calls | waste |", "|---|---|---|---|"]
     for model, shape, calls, waste in per_shape_waste(result["rows"]):
         lines.append(f"| {model} | {shape} | {calls} | {waste:.0%} |")
+    lines += ["", "Lanes on a Galaxy (`--data-parallel-size N`: N lanes of (8,4)/N sub-meshes, up to "
+              f"{MAX_NUM_SEQS} prompts and {TOKEN_BUDGET} tokens per step per lane; 1 lane = one engine over the "
+              "whole mesh; default shapes; load as a multiple of what the one engine sustains serving each "
+              "request alone):", "",
+              "| cost model | mix | load | lanes | embeddings/s | p50 / p99 ms | padding waste "
+              "| throughput vs one engine | p99 vs one engine |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["lanes"]:
+        lines.append(
+            f"| {r['cost_model']} | {r['mix']} | {r['load']:g} | {r['lanes']} | {r['embeddings_per_s']:.0f} "
+            f"| {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} | {r['padding_waste']:.0%} "
+            f"| {r['throughput_vs_one_engine']:.2f}x | {r['p99_vs_one_engine']:.2f}x |"
+        )
     return "\n".join(lines) + "\n"
 
 
