@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,20 +195,38 @@ SELF_DRAFTING_TEXTS = ("The scheduler", "A lane is", "Each trace", "one two thre
 
 
 @contextlib.contextmanager
-def self_drafting_server(arch: str, log: Path, max_new_tokens: int,
-                         *args: str) -> Iterator[tuple[str, list[list[int]], list[list[int]]]]:
+def self_drafting_server(arch: str, log: Path, max_new_tokens: int, *args: str,
+                         texts: tuple[str, ...] = SELF_DRAFTING_TEXTS, env: dict[str, str] | None = None,
+                         ) -> Iterator[tuple[str, list[list[int]], list[list[int]]]]:
     """``vllm serve`` of the tiny ``arch`` trained 200 steps (its half-depth drafter agrees now
-    and then) with ``args``: its URL, the prompts of ``SELF_DRAFTING_TEXTS`` and transformers'
-    greedy continuations of them."""
+    and then) with ``args``: its URL, the prompts of ``texts`` and transformers' greedy
+    continuations of them."""
     from transformers import AutoTokenizer
     from vllm_tt_testing.checkpoints import cached_tiny
 
     model_dir = cached_tiny(arch, 200)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer.encode(t) for t in SELF_DRAFTING_TEXTS]
+    prompts = [tokenizer.encode(t) for t in texts]
     with serve(model_dir, "--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
-               "--seed", "0", "--block-size", "32", *args, log=log) as url:
+               "--seed", "0", "--block-size", "32", *args, env=env, log=log) as url:
         yield url, prompts, hf_greedy(model_dir, prompts, max_new_tokens)
+
+
+def decode_steps(url: str) -> float:
+    """Decode steps the engine ran (``vllm_tt:steps`` with phase ``decode``)."""
+    return served_metric(url, "vllm_tt:steps_total", 'phase="decode"')
+
+
+def settled_decode_steps(url: str) -> float:
+    """The decode step count once the engine's metrics thread (every 0.25 s) has sent it."""
+    last, deadline = decode_steps(url), time.monotonic() + 15
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = decode_steps(url)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def client_for(url: str) -> Any:

@@ -10,17 +10,15 @@ block ran past it."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.e2e.helpers import served_metric
 from tests.e2e.spec_checks import (
     GREEDY,
     assert_stop_strings_exact,
     complete,
     concurrently,
     self_drafting_server,
+    settled_decode_steps,
     stream,
 )
 
@@ -35,23 +33,6 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("block_output") / "serve.log"
     with self_drafting_server("llama", log, MAX_NEW_TOKENS, "--additional-config.tt.block_tokens", str(BLOCK)) as served:
         yield served
-
-
-def decode_steps(url: str) -> float:
-    """Decode steps the engine ran (``vllm_tt:steps`` with phase ``decode``)."""
-    return served_metric(url, "vllm_tt:steps_total", 'phase="decode"')
-
-
-def settled_decode_steps(url: str) -> float:
-    """The decode step count once the engine's metrics thread (every 0.25 s) has sent it."""
-    last, deadline = decode_steps(url), time.monotonic() + 15
-    while time.monotonic() < deadline:
-        time.sleep(1.0)
-        now = decode_steps(url)
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 def test_greedy_blocks_equal_transformers_in_fewer_steps_than_tokens(server):
