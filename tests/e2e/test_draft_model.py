@@ -15,7 +15,9 @@ import pytest
 
 from tests.e2e.helpers import assert_greedy_equal, hf_greedy, offline_llm, repetitive_prompts
 from tests.e2e.spec_checks import (
+    ACCEPTED,
     SAMPLED,
+    assert_greedy_exact_alone_and_concurrent,
     assert_keeps_target_distribution,
     counter,
     counter_replay,
@@ -27,8 +29,6 @@ pytestmark = pytest.mark.e2e
 
 K = 3
 MAX_NEW_TOKENS = 24
-DRAFTED = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +49,8 @@ def engine(tiny_checkpoint):
 
 
 def test_greedy_equals_transformers_alone_and_24_concurrent(engine):
-    from vllm import SamplingParams
-
     model_dir, llm = engine
-    prompts = mixed_prompts(llm.get_tokenizer().vocab_size)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    drafted, accepted = counter(llm, DRAFTED), counter(llm, ACCEPTED)
-    together = generate(llm, prompts, params)
-    assert_greedy_equal(prompts, together, expected)
-    drafted, accepted = counter(llm, DRAFTED) - drafted, counter(llm, ACCEPTED) - accepted
-    assert 0 < accepted < drafted, (drafted, accepted)  # drafts accepted and rejected
-    alone = [generate(llm, [p], params)[0] for p in prompts[-3:]]
-    assert alone == expected[-3:]
+    assert_greedy_exact_alone_and_concurrent(llm, model_dir, MAX_NEW_TOKENS)
 
 
 def test_preemption_with_drafts_in_flight_stays_exact(engine):
