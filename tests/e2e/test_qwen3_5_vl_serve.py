@@ -13,8 +13,9 @@ states carried across them):
 * through ``vllm serve`` on a Galaxy (``MESH_DEVICE=TG``) split into two data-parallel ranks of
   4 rows (the model is not single-program: each rank is its own engine on its sub-mesh, with its
   own state blocks and deltas), OpenAI chat with base64 ``image_url`` data URLs; every rank
-  serves image requests. Video, audio, too many images and undecodable bytes are answered with
-  a 400 and the next request is served.
+  serves image requests. Audio, too many images or videos and undecodable image or video bytes
+  are answered with a 400 and the next request is served (videos themselves:
+  ``test_qwen_vl_video.py``).
 
 The briefly trained tiny checkpoint does not tell image kinds apart behind this long question
 (its delta-net layers forget the image; measured at 150 and 400 training steps), so "different
@@ -33,7 +34,7 @@ from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import metric_per_engine, serve
-from tests.e2e.vl_chat import BAD_REQUESTS, image_parts
+from tests.e2e.vl_chat import VIDEO_BAD_REQUESTS, VIDEO_LIMITS, image_parts
 from tests.e2e.vl_offline import assert_chunked_preempted_equal_hf
 
 pytestmark = pytest.mark.e2e
@@ -76,13 +77,13 @@ def test_serve_chat_with_base64_images_in_two_ranks_equals_transformers_and_refu
         expected = oracle.submit(hf_answers, checkpoint)
         lane_args, lane_env = vl_chat.lane_serve(4, trace)
         with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", "64",
-                   "--limit-mm-per-prompt", '{"image": 2}', env=lane_env, log=log) as url:
+                   "--limit-mm-per-prompt", VIDEO_LIMITS, env=lane_env, log=log) as url:
             with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
                 answers = list(pool.map(lambda ks: vl_chat.post_chat(url, model, image_parts(ks[1], 5 + ks[0]),
                                                                      MAX_TOKENS, QUESTION),
                                         enumerate(REQUESTS)))
             refusals, after = {}, {}
-            for name, parts in BAD_REQUESTS.items():
+            for name, parts in VIDEO_BAD_REQUESTS.items():
                 refusals[name] = vl_chat.post_chat(url, model, parts or image_parts((0, 1, 2), 9), MAX_TOKENS)
                 after[name] = vl_chat.post_chat(url, model, image_parts((2,), 11), MAX_TOKENS)  # still serving
             served = {name: metric_per_engine(url, f"vllm:{name}_total") for name in ("request_success", "prompt_tokens")}
@@ -98,6 +99,7 @@ def test_serve_chat_with_base64_images_in_two_ranks_equals_transformers_and_refu
         assert response.status_code == 400, (name, response.status_code, response.text)
         assert response.json()["error"]["message"], name
     assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
+    assert "At most 1 video(s)" in refusals["two videos"].json()["error"]["message"]
     results = [SimpleNamespace(request_id=r.json()["id"], prompt_token_ids=r.json()["prompt_token_ids"])
                for r in answers]
     chunked = vl_chat.assert_chunks_keep_images(trace, results, image_token)

@@ -4,8 +4,9 @@ interleaved mRoPE with the returned deltas on decode. Greedy outputs equal trans
 generate() token for token for text-only, one-image and two-image requests running side by
 side, through ``vllm.LLM`` (chunked prefill never cutting an image, preemption under KV
 pressure) and through ``vllm serve`` (OpenAI chat, base64 ``image_url`` data URLs, two lanes, a
-prefix-cache hit past an image); different images give HF's different answers; video, too many images and
-undecodable bytes are answered with a 400 and the next request is served."""
+prefix-cache hit past an image); different images give HF's different answers; audio, too many images or
+videos and undecodable image or video bytes are answered with a 400 and the next request is served
+(videos themselves: ``test_qwen_vl_video.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
-from tests.e2e.vl_chat import BAD_REQUESTS, REQUESTS, image_parts
+from tests.e2e.vl_chat import REQUESTS, VIDEO_BAD_REQUESTS, VIDEO_LIMITS, image_parts
 from tests.e2e.vl_offline import assert_chunked_preempted_equal_hf
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     model = str(checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = vl_chat.lane_serve(4, trace)
-    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--limit-mm-per-prompt", '{"image": 2}',
+    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--limit-mm-per-prompt", VIDEO_LIMITS,
                "--enable-prompt-tokens-details", env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:
@@ -78,7 +79,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
         repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
         refusals, after = {}, {}
-        for name, parts in BAD_REQUESTS.items():
+        for name, parts in VIDEO_BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
             after[name] = chat(image_parts((2,), 11))  # the engine keeps serving
     for response in [*answers, *after.values()]:
@@ -93,7 +94,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     for name, response in refusals.items():
         assert response.status_code == 400, (name, response.status_code, response.text)
         assert response.json()["error"]["message"], name
-    assert "At most 0 video(s)" in refusals["video"].json()["error"]["message"]
+    assert "At most 1 video(s)" in refusals["two videos"].json()["error"]["message"]
     assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
     prompt, tokens = vl_chat.hf_generate(hf_vl, (2,), MAX_TOKENS, 13, add_special_tokens=False,
                                          question=LONG_QUESTION)
