@@ -1,7 +1,8 @@
 """The TT runner reduced to what the Qwen-VL host-model tests need: one request per slot, its
-images as ``pixel_values`` + ``image_grid_thw`` through ``prefill_forward`` (uint8 patches, as
-vLLM sends them by default), the returned mRoPE deltas back through ``decode_forward``, and
-prompts of text runs with images between them."""
+images as ``pixel_values`` + ``image_grid_thw`` (and videos as ``pixel_values_videos`` +
+``video_grid_thw``) through ``prefill_forward`` (uint8 patches, as vLLM sends them by default),
+the returned mRoPE deltas back through ``decode_forward``, and prompts of text runs with images
+(or a Qwen3-VL video's frame groups) between them."""
 
 from __future__ import annotations
 
@@ -86,6 +87,22 @@ def vl_prompt(seed: int, lengths: list[int], grids: tuple[tuple[int, int, int], 
     return ids
 
 
+FRAME_GRID = (3, 4, 4)
+"""A Qwen3-VL video of six 16x16 frames: three temporal patches, one frame group of 4 video
+tokens each."""
+
+
+def frame_groups(seed: int, grid: tuple[int, int, int], start: int, video: int, end: int) -> list[int]:
+    """A Qwen3-VL video's placeholder tokens: per temporal patch its timestamp text (two seeded
+    tokens standing for ``<t seconds>``), ``start``, its ``h*w/4`` ``video`` tokens, ``end``."""
+    gen = torch.Generator().manual_seed(seed)
+    t, h, w = grid
+    ids: list[int] = []
+    for _ in range(t):
+        ids += torch.randint(3, 290, (2,), generator=gen).tolist() + [start] + [video] * (h * w // 4) + [end]
+    return ids
+
+
 Row = tuple[int, list[int], int, int, Sequence[int | None]]
 """``(slot, ids, start, end, image seeds)``; a None seed: an image inside the prefix-cache hit,
 its grid sent without pixels."""
@@ -139,6 +156,16 @@ class MropeRunner:
             image_grid_thw=grids, **images, **kwargs,
         )
         return (out if kwargs.get("return_all_logits") else out[:, -1]), deltas
+
+    def prefill_items(self, slot: int, ids: list[int], start: int, items: dict[str, Any],
+                      ) -> tuple[torch.Tensor, int]:
+        """One row's pass over ``ids[start:]`` with the runner's item lists ``items`` (image and
+        video keys, one row): the logits ``[len(ids) - start, V]`` of the positions it computes
+        and its delta."""
+        out, deltas = self.model.prefill_forward(
+            tokens=torch.tensor([ids], dtype=torch.int32), **self._tables([slot]), kv_cache=self.kv,
+            prompt_lens=[len(ids)], start_pos=[start], empty_slots=[slot], return_all_logits=True, **items)
+        return out[0, : len(ids) - start], int(deltas[0])
 
     def decode(self, tokens: dict[int, tuple[int, int]], deltas: list[int]) -> torch.Tensor:
         rows = self.model.max_batch_size
@@ -239,3 +266,105 @@ class MropeCase:
             delta.add(int(deltas[0]))
         assert len(delta) == 1, delta
         return delta.pop()
+
+
+class FrameGroupVideos:
+    """The video checks of a Qwen3-VL-style family (Qwen3-VL, Qwen 3.5): a video of
+    ``FRAME_GRID`` as its frame groups (timestamp text between them), alone and after an image,
+    against transformers, whole and in chunks that end between two frame groups."""
+
+    def __init__(self, case: MropeCase, video: int) -> None:
+        self.case, self.video = case, video
+
+    def prompt(self, with_image: bool) -> list[int]:
+        """Text, [an image of ``GRIDS[0]``, text,] the video, text."""
+        case = self.case
+        head = case.prompt(12, [3, 4]) if with_image else case.prompt(12, [3])
+        return head + frame_groups(13, FRAME_GRID, case.start, self.video, case.end) + case.prompt(14, [5])
+
+    def items(self, with_image: bool) -> dict[str, list[list[Any] | None]]:
+        """The runner's item lists for ``prompt``'s one row (prompt order; ``None`` at the other
+        modality's place)."""
+        video = {"pixel_values_videos": [pixels_u8(20, FRAME_GRID)], "video_grid_thw": [torch.tensor(FRAME_GRID)]}
+        if not with_image:
+            return {key: [value] for key, value in video.items()}
+        return {"pixel_values": [[pixels_u8(21, self.case.grids[0]), None]],
+                "image_grid_thw": [[torch.tensor(self.case.grids[0]), None]],
+                **{key: [[None, *value]] for key, value in video.items()}}
+
+    def hf_inputs(self, with_image: bool) -> dict[str, torch.Tensor]:
+        from vllm_tt_host.models.frame.vision import PixelNorm
+
+        case = self.case
+        ids = torch.tensor([self.prompt(with_image)])
+        types = torch.where(ids == self.video, 2, (ids == case.image).int())
+        inputs = {"input_ids": ids, "mm_token_type_ids": types,
+                  "pixel_values_videos": PixelNorm().apply(pixels_u8(20, FRAME_GRID), 3),
+                  "video_grid_thw": torch.tensor([FRAME_GRID])}
+        if with_image:
+            inputs |= {"pixel_values": PixelNorm().apply(pixels_u8(21, case.grids[0]), 3),
+                       "image_grid_thw": torch.tensor([case.grids[0]])}
+        return inputs
+
+    def hf_positions(self, with_image: bool) -> tuple[torch.Tensor, int]:
+        """transformers' ``get_rope_index``: the ``[3, T]`` indices and the delta."""
+        inputs = self.hf_inputs(with_image)
+        positions, delta = self.case.hf.model.get_rope_index(
+            inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+            image_grid_thw=inputs.get("image_grid_thw"), video_grid_thw=inputs["video_grid_thw"])
+        return positions[:, 0], int(delta)
+
+    def check_positions(self, with_image: bool) -> list[int]:
+        """The host's mRoPE indices and delta equal ``get_rope_index``'s; returns the lengths of
+        the video's placeholder runs (one per frame group)."""
+        from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
+
+        ids = self.prompt(with_image)
+        media = [Media(self.case.grids[0], None)] * with_image + [Media(FRAME_GRID, None, 1.0)]
+        ours, runs = mrope_positions(torch.tensor(ids), media, self.case.model.decoder.config)
+        expected, delta = self.hf_positions(with_image)
+        assert torch.equal(ours, expected), (ours, expected)
+        assert int(ours.max()) + 1 - len(ids) == delta
+        return [r.stop - r.first for r in runs if media[r.item].is_video]
+
+    def check(self, with_image: bool) -> int:
+        """Every position's logits equal HF's in one pass, and over two chunks: the first ends
+        after the first frame group (inside the video), the second computes the rest (the
+        tower again, its later frame groups used). Returns the delta, HF's."""
+        case = self.case
+        with torch.no_grad():
+            expected = case.hf(**self.hf_inputs(with_image)).logits[0]
+        ids = self.prompt(with_image)
+        runner = case.runner()
+        whole, delta = runner.prefill_items(0, ids, 0, self.items(with_image))
+        case.assert_close(whole, expected, ("video, whole", with_image))
+        first_video = ids.index(self.video)
+        cut = ids.index(case.end, first_video) + 1
+        runner = case.runner()
+        head, _ = runner.prefill_items(1, ids[:cut], 0, self.items(with_image))
+        tail, tail_delta = runner.prefill_items(1, ids, cut, self.items(with_image))
+        case.assert_close(head, expected[:cut], ("video, first chunk", with_image))
+        case.assert_close(tail, expected[cut:], ("video, second chunk", with_image))
+        assert delta == tail_delta == self.hf_positions(with_image)[1], (delta, tail_delta)
+        return delta
+
+
+def frame_group_video_tests(video: int) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The video tests of a Qwen3-VL-style host module (over its ``case`` fixture), for
+    ``test_positions, test_logits = frame_group_video_tests(VIDEO)`` at module level."""
+    with_image = pytest.mark.parametrize("with_image", [False, True], ids=["one video", "image then video"])
+
+    @with_image
+    def positions(case: MropeCase, with_image: bool) -> None:
+        """Each frame group is one placeholder run placed as a one-frame image; the timestamp
+        text between them advances the positions (no temporal step of its own)."""
+        assert FrameGroupVideos(case, video).check_positions(with_image) == [4] * FRAME_GRID[0]
+
+    @with_image
+    def logits(case: MropeCase, with_image: bool) -> None:
+        """The tower runs over all the frames (attention within each temporal patch); the
+        second chunk continues the text side's state (KV, delta-net states) across a cut inside
+        the video."""
+        assert FrameGroupVideos(case, video).check(with_image) != 0
+
+    return positions, logits

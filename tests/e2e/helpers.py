@@ -242,6 +242,20 @@ def metric_total(llm: Any, name: str) -> int:
     return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
 
 
+def metric_per_engine(url: str, name: str) -> dict[str, float]:
+    """A server's counter ``name`` (``vllm:request_success_total``, ...) summed per engine
+    index, from its /metrics."""
+    import re
+
+    import httpx
+
+    per_engine: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and (engine := re.search(r'engine="(\d+)"', line)):
+            per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return per_engine
+
+
 def assert_greedy_equal(prompts: Sequence[list[int]], got: Sequence[list[int]],
                         expected: Sequence[list[int]]) -> None:
     """Every prompt's tokens equal; the message names the first three that differ."""

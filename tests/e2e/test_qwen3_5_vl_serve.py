@@ -1,17 +1,26 @@
-"""Qwen 3.5 vision-language through ``vllm serve`` on the host mesh backend: vLLM's own
-Qwen 3.5 processor (Qwen3-VL's: uint8 pixels, the checkpoint's 0.5 mean / std), the tower
-inside the prefill, interleaved mRoPE on the rotated quarter of each head with the returned
-deltas on decode, and the hybrid KV (one recurrent-state block per request for each delta-net
-layer, paged K/V for the attention layer). One server: OpenAI chat with base64 ``image_url``
-data URLs, text-only, one-image and two-image requests at once on 4 rows with a 64-token step
-budget (the two-image prompts are prefilled in chunks that end outside their images, the
-delta-net states carried across them), greedy outputs equal transformers' generate() token for
-token; video, audio, too many images and undecodable bytes are answered with a 400 and the next
-request is served. The briefly trained tiny checkpoint does not tell image kinds apart behind
-this long question (its delta-net layers forget the image; measured at 150 and 400 training
-steps), so "different images, HF's different answers" is proven at the host level
-(``test_host_qwen3_5_vl.py``: every position's logits equal transformers' with 0, 1 and 2 random
-images) and not here."""
+"""Qwen 3.5 vision-language through vLLM's engine on the host mesh backend: vLLM's own Qwen 3.5
+processor (Qwen3-VL's: uint8 pixels, the checkpoint's 0.5 mean / std), the tower inside the
+prefill, interleaved mRoPE on the rotated quarter of each head with the returned deltas on
+decode, and the hybrid KV (one recurrent-state block per request for each delta-net layer,
+paged K/V for the attention layer). Greedy outputs equal transformers' generate() token for
+token for text-only, one-image and two-image requests side by side with a 64-token step budget
+(the two-image prompts are prefilled in chunks that end outside their images, the delta-net
+states carried across them):
+
+* through ``vllm.LLM``, with a block pool small enough that vLLM preempts rows and resumes them
+  (a fresh prefill: the recurrent states recomputed from the prompt, the images' towers and the
+  mRoPE delta again);
+* through ``vllm serve`` on a Galaxy (``MESH_DEVICE=TG``) split into two data-parallel ranks of
+  4 rows (the model is not single-program: each rank is its own engine on its sub-mesh, with its
+  own state blocks and deltas), OpenAI chat with base64 ``image_url`` data URLs; every rank
+  serves image requests. Audio, too many images or videos and undecodable image or video bytes
+  are answered with a 400 and the next request is served (videos themselves:
+  ``test_qwen_vl_video.py``).
+
+The briefly trained tiny checkpoint does not tell image kinds apart behind this long question
+(its delta-net layers forget the image; measured at 150 and 400 training steps), so "different
+images, HF's different answers" is proven at the host level (``test_host_qwen3_5_vl.py``: every
+position's logits equal transformers' with 0, 1 and 2 random images) and not here."""
 
 from __future__ import annotations
 
@@ -24,14 +33,15 @@ from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import serve
-from tests.e2e.vl_chat import BAD_REQUESTS, image_parts
+from tests.e2e.helpers import metric_per_engine, serve
+from tests.e2e.vl_chat import VIDEO_BAD_REQUESTS, VIDEO_LIMITS, image_parts
+from tests.e2e.vl_offline import assert_chunked_preempted_equal_hf
 
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 16
 REQUESTS: list[tuple[int, ...]] = [(), (0,), (1,), (2, 3), (1, 0)]
-"""Image kinds per request: five at once on four rows."""
+"""Image kinds per request: five at once on two ranks of four rows."""
 QUESTION = " ".join([vl_chat.QUESTION] * 6)
 """With two images this question makes a prompt longer than the 64-token step budget."""
 
@@ -39,6 +49,14 @@ QUESTION = " ".join([vl_chat.QUESTION] * 6)
 @pytest.fixture(scope="module")
 def checkpoint():
     return cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl)
+
+
+def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(checkpoint, tmp_path):
+    """Seven mixed requests (``vl_chat.REQUESTS``) on 4 rows: 16 blocks of 32 tokens, of which
+    each running request holds one per delta-net layer (3) and its K/V blocks (4-5), make vLLM
+    preempt rows; a resumed row's delta-net states start again from zero over its history."""
+    assert_chunked_preempted_equal_hf(checkpoint, vl_chat.load_hf(checkpoint), tmp_path / "steps.jsonl",
+                                      vl_chat.REQUESTS, QUESTION, MAX_TOKENS, kv_blocks=16)
 
 
 def hf_answers(checkpoint: Path) -> tuple[list[tuple[list[int], list[int]]], list[int], int]:
@@ -51,22 +69,24 @@ def hf_answers(checkpoint: Path) -> tuple[list[tuple[list[int], list[int]]], lis
     return answers, after, hf_vl[0].config.image_token_id
 
 
-def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(checkpoint, tmp_path):
+def test_serve_chat_with_base64_images_in_two_ranks_equals_transformers_and_refuses_bad_input(checkpoint, tmp_path):
     """transformers runs beside the server's start (its imports take as long)."""
     model = str(checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     with concurrent.futures.ThreadPoolExecutor(1) as oracle:
         expected = oracle.submit(hf_answers, checkpoint)
-        with serve(checkpoint, "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
-                   "--limit-mm-per-prompt", '{"image": 2}', env={"TT_STEP_TRACE": str(trace)}, log=log) as url:
+        lane_args, lane_env = vl_chat.lane_serve(4, trace)
+        with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", "64",
+                   "--limit-mm-per-prompt", VIDEO_LIMITS, env=lane_env, log=log) as url:
             with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
                 answers = list(pool.map(lambda ks: vl_chat.post_chat(url, model, image_parts(ks[1], 5 + ks[0]),
                                                                      MAX_TOKENS, QUESTION),
                                         enumerate(REQUESTS)))
             refusals, after = {}, {}
-            for name, parts in BAD_REQUESTS.items():
+            for name, parts in VIDEO_BAD_REQUESTS.items():
                 refusals[name] = vl_chat.post_chat(url, model, parts or image_parts((0, 1, 2), 9), MAX_TOKENS)
                 after[name] = vl_chat.post_chat(url, model, image_parts((2,), 11), MAX_TOKENS)  # still serving
+            served = {name: metric_per_engine(url, f"vllm:{name}_total") for name in ("request_success", "prompt_tokens")}
         hf, hf_after, image_token = expected.result()
     for response in [*answers, *after.values()]:
         assert response.status_code == 200, (response.text, log.read_text()[-3000:])
@@ -79,7 +99,14 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         assert response.status_code == 400, (name, response.status_code, response.text)
         assert response.json()["error"]["message"], name
     assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
-    served = [SimpleNamespace(request_id=r.json()["id"], prompt_token_ids=r.json()["prompt_token_ids"])
-              for r in answers]
-    chunked = vl_chat.assert_chunks_keep_images(trace, served, image_token)
+    assert "At most 1 video(s)" in refusals["two videos"].json()["error"]["message"]
+    results = [SimpleNamespace(request_id=r.json()["id"], prompt_token_ids=r.json()["prompt_token_ids"])
+               for r in answers]
+    chunked = vl_chat.assert_chunks_keep_images(trace, results, image_token)
     assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
+    text_only = len(answers[REQUESTS.index(())].json()["prompt_token_ids"])
+    successes, prompt_tokens = served["request_success"], served["prompt_tokens"]
+    assert set(successes) == {"0", "1"} and all(successes.values()), served
+    assert all(prompt_tokens[e] > successes[e] * text_only for e in successes), ("every rank served an image", served)
+    log_text = log.read_text()
+    assert all(f"DP rank {r} (local {r} of 2)" in log_text for r in range(2)), log_text[-3000:]

@@ -4,8 +4,9 @@ interleaved mRoPE with the returned deltas on decode. Greedy outputs equal trans
 generate() token for token for text-only, one-image and two-image requests running side by
 side, through ``vllm.LLM`` (chunked prefill never cutting an image, preemption under KV
 pressure) and through ``vllm serve`` (OpenAI chat, base64 ``image_url`` data URLs, two lanes, a
-prefix-cache hit past an image); different images give HF's different answers; video, too many images and
-undecodable bytes are answered with a 400 and the next request is served."""
+prefix-cache hit past an image); different images give HF's different answers; audio, too many images or
+videos and undecodable image or video bytes are answered with a 400 and the next request is served
+(videos themselves: ``test_qwen_vl_video.py``)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import offline_llm, serve
-from tests.e2e.vl_chat import BAD_REQUESTS, REQUESTS, chat_text, image_parts, images
+from tests.e2e.helpers import serve
+from tests.e2e.vl_chat import REQUESTS, VIDEO_BAD_REQUESTS, VIDEO_LIMITS, image_parts
+from tests.e2e.vl_offline import assert_chunked_preempted_equal_hf
 
 pytestmark = pytest.mark.e2e
 
@@ -51,33 +53,9 @@ def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(chec
     that end outside their images, a later chunk computing the second image's tower and
     DeepStack sets alone; 8 KV blocks of 32 tokens make vLLM preempt some and resume them (a
     fresh prefill with their images, the mRoPE delta returned again)."""
-    from vllm import SamplingParams
-
-    trace = tmp_path / "steps.jsonl"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TT_STEP_TRACE", str(trace))
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process, to read its metrics
-        llm = offline_llm(model=str(checkpoint), max_model_len=192, max_num_seqs=4, block_size=32,
-                          num_gpu_blocks_override=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
-                          enable_prefix_caching=False, limit_mm_per_prompt={"image": 2}, seed=0,
-                          disable_log_stats=False, additional_config={"tt": {"mesh_backend": "host"}})
-    processor = hf_vl[1]
-    prompts = [{"prompt": chat_text(processor, len(k), CHUNKED_QUESTION),
-                **({"multi_modal_data": {"image": images(k)}} if k else {})} for k in REQUESTS]
-    results = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
-                           use_tqdm=False)
-    preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
-    del llm
-    expected = [hf_generate(hf_vl, k, question=CHUNKED_QUESTION) for k in REQUESTS]
-    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
-    mismatches = [(k, g[1], e[1]) for k, g, e in zip(REQUESTS, got, expected, strict=True) if g[1] != e[1]]
-    assert not mismatches, mismatches
-    by_kinds = {k: g[1] for k, g in zip(REQUESTS, got, strict=True)}
+    by_kinds = assert_chunked_preempted_equal_hf(checkpoint, hf_vl, tmp_path / "steps.jsonl", REQUESTS,
+                                                 CHUNKED_QUESTION, MAX_TOKENS)
     assert len({tuple(by_kinds[k]) for k in ((), (0,), (1,), (2, 3))}) == 4, "the images decide the answer"
-    chunked = vl_chat.assert_chunks_keep_images(trace, results, hf_vl[0].config.image_token_id)
-    assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
-    assert preemptions > 0, "8 blocks for 4 rows of up to 3 blocks each must preempt"
 
 
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
@@ -90,7 +68,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     model = str(checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = vl_chat.lane_serve(4, trace)
-    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--limit-mm-per-prompt", '{"image": 2}',
+    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--limit-mm-per-prompt", VIDEO_LIMITS,
                "--enable-prompt-tokens-details", env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:
@@ -101,7 +79,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
         repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
         refusals, after = {}, {}
-        for name, parts in BAD_REQUESTS.items():
+        for name, parts in VIDEO_BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
             after[name] = chat(image_parts((2,), 11))  # the engine keeps serving
     for response in [*answers, *after.values()]:
@@ -116,7 +94,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     for name, response in refusals.items():
         assert response.status_code == 400, (name, response.status_code, response.text)
         assert response.json()["error"]["message"], name
-    assert "At most 0 video(s)" in refusals["video"].json()["error"]["message"]
+    assert "At most 1 video(s)" in refusals["two videos"].json()["error"]["message"]
     assert "At most 2 image(s)" in refusals["three images"].json()["error"]["message"]
     prompt, tokens = vl_chat.hf_generate(hf_vl, (2,), MAX_TOKENS, 13, add_special_tokens=False,
                                          question=LONG_QUESTION)

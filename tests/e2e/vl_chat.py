@@ -28,6 +28,16 @@ BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
 """What the front end refuses with a 400 (the model is never asked): a modality the TT models
 are not sent, more images than ``--limit-mm-per-prompt`` allows (``image_parts`` fills the
 empty entry), bytes that are not an image."""
+VIDEO_BAD_REQUESTS: dict[str, list[dict[str, Any]]] = {
+    **{name: parts for name, parts in BAD_REQUESTS.items() if name != "video"},
+    "two videos": BAD_REQUESTS["video"] * 2,
+    "corrupt video": BAD_REQUESTS["video"],
+}
+"""What the front end refuses from a model that takes videos, served with ``VIDEO_LIMITS``: a
+modality it is not sent (audio), more images or videos than the limits allow, bytes that are
+not an image or not a video."""
+VIDEO_LIMITS = '{"image": 2, "video": {"count": 1, "num_frames": 4, "width": 32, "height": 32}}'
+"""``--limit-mm-per-prompt`` of the serve tests of a model that takes videos."""
 
 
 def images(kinds: tuple[int, ...], salt: int = 0, size: tuple[int, int] = (32, 32)) -> list[Any]:
@@ -103,15 +113,18 @@ def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) ->
     return ends
 
 
-def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int) -> int:
+def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int, *, one_item: bool = False) -> int:
     """Every prompt of ``results`` (``vllm.LLM`` outputs) was prefilled in chunks that end
     outside its images (the scheduler's step trace says where each pass ended); returns how
-    many prompts took more than one chunk."""
+    many prompts took more than one chunk. ``one_item``: a prompt's runs of ``image_token`` are
+    one item's (a Qwen3-VL video's frame groups), so no chunk ends between them either."""
     trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
     chunked = 0
     for result in results:
         ids = list(result.prompt_token_ids)
         runs = image_runs(ids, image_token)
+        if one_item and runs:
+            runs = [(runs[0][0], runs[-1][1])]
         ends = chunk_ends(trace, result.request_id, len(ids))
         assert ends and ends[-1] == len(ids), ends
         assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)

@@ -30,6 +30,7 @@ from vllm_tt_testing.mrope_contract import (
     START,
     VIDEO,
     MropeCase,
+    frame_group_video_tests,
     pixels_u8,
     random_vl_fixtures,
 )
@@ -106,6 +107,7 @@ def test_registered_for_the_host_backend_and_takes_vllms_processor():
     assert caps.kv_cache_kinds == ("full_attention", "recurrent_state")
     assert not caps.supports_prefix_caching and not caps.supports_async_decode and not caps.supports_verify_decode
     assert HOST_CAPABILITIES[arch]["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
+    assert caps.modalities == ("image", "video") and HOST_CAPABILITIES[arch]["modalities"] == ["image", "video"]
     assert HostQwen3_5ForConditionalGeneration.supports_multimodal is True
     assert HostQwen3_5ForConditionalGeneration.get_placeholder_str("image", 1) == (
         "<|vision_start|><|image_pad|><|vision_end|>"
@@ -153,3 +155,9 @@ def test_plain_rope_in_place_of_mrope_is_visible(case, model, monkeypatch):
     monkeypatch.setattr(mrope, "at", lambda positions: at(torch.arange(positions.shape[1]).expand(3, -1)))
     got, _ = case.runner().prefill([(0, ids, 0, len(ids), case.ONE[2])])
     assert (got[0] - ref).abs().max() > 100 * TOL
+
+
+# ---- video -----------------------------------------------------------------------------------
+test_video_frame_group_positions, test_video_logits_whole_and_chunked = frame_group_video_tests(VIDEO)
+"""A one-video and an image-then-video prompt: positions as ``get_rope_index``; every position's
+logits within ``TOL`` of transformers, whole and cut between frame groups."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
-from vllm_tt_host.models import HOST_MODELS
+from vllm_tt_host.models import HOST_CAPABILITIES, HOST_MODELS
 from vllm_tt_host.models.frame.vision import PixelNorm
 from vllm_tt_host.models.qwen2_5_vl.media import Media, mrope_positions
 from vllm_tt_host.models.qwen2_5_vl.model import MultimodalRotary
@@ -29,6 +29,7 @@ from vllm_tt_testing.mrope_contract import (
     VIDEO,
     MropeCase,
     MropeRunner,
+    frame_group_video_tests,
     pixels_u8,
     random_vl_fixtures,
 )
@@ -104,6 +105,8 @@ def test_registered_for_the_host_backend_and_takes_vllms_processor():
     assert HOST_MODELS["TTQwen3VLForConditionalGeneration"].endswith(":HostQwen3VLForConditionalGeneration")
     caps = check_model_class(HostQwen3VLForConditionalGeneration, owner="test")
     assert caps.supports_prefix_caching and not caps.supports_async_decode
+    assert caps.modalities == ("image", "video")
+    assert HOST_CAPABILITIES["TTQwen3VLForConditionalGeneration"]["modalities"] == ["image", "video"]
     assert HostQwen3VLForConditionalGeneration.supports_multimodal is True
     assert HostQwen3VLForConditionalGeneration.get_placeholder_str("image", 1) == (
         "<|vision_start|><|image_pad|><|vision_end|>"
@@ -144,6 +147,12 @@ def test_leaving_deepstack_out_is_visible(case, model, monkeypatch):
     monkeypatch.setattr(model.decoder, "encode", lambda pixels, grid: encode(pixels, grid)[:1])
     without, _ = runner.prefill([(0, ids, 0, len(ids), [7])])
     assert (without[0] - ref).abs().max() > 100 * TOL
+
+
+# ---- video -----------------------------------------------------------------------------------
+test_video_frame_group_positions, test_video_logits_whole_and_chunked = frame_group_video_tests(VIDEO)
+"""A one-video and an image-then-video prompt: positions as ``get_rope_index``; every position's
+logits within ``TOL`` of transformers, whole and cut between frame groups."""
 
 
 @pytest.mark.parametrize(("vision", "match"), [

@@ -2,13 +2,13 @@
 
 A row's items arrive as the runner sends them (``contract.IMAGE_KWARGS`` and ``VIDEO_KWARGS``:
 one list per row, prompt order, ``None`` at the places of the other modality). An image fills
-one run of ``image_token_id``; a video one run of ``video_token_id`` (Qwen2.5-VL; Qwen3-VL's
-processor splits a video into one run per temporal patch with timestamp text between them,
-which this module does not place yet: Qwen3-VL declares images only). Every
-run's tokens take their grid coordinates as mRoPE indices, offset by where the run starts; a
-Qwen2.5-VL video's temporal index steps by ``tokens_per_second * second_per_grid_ts`` (rounded
-down), so the indices follow the video's clock. The text after a run continues from its start
-plus its larger spatial side.
+one run of ``image_token_id``. A Qwen2.5-VL video fills one run of ``video_token_id``, its
+temporal index stepping by ``tokens_per_second * second_per_grid_ts`` (rounded down), so the
+indices follow the video's clock. A Qwen3-VL (and Qwen 3.5) video fills one run per temporal
+patch (``video_frame_runs``), each placed as a one-frame image: the processor writes the frame
+group's timestamp as text before it, and that text advancing the positions is the video's clock.
+Every run's tokens take their grid coordinates as mRoPE indices, offset by where the run
+starts; the text after a run continues from its start plus its larger spatial side.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class MediaConfig(Protocol):
 
     @property
     def merge_size(self) -> int: ...
+
+    @property
+    def video_frame_runs(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ def item_runs(item: Media, config: MediaConfig) -> list[tuple[Grid, float]]:
     """The placeholder runs one item fills, in order: each run's grid and temporal step."""
     if not item.is_video:
         return [(item.grid, 1.0)]
+    if config.video_frame_runs:
+        t, h, w = item.grid
+        return [((1, h, w), 0.0)] * t
     return [(item.grid, config.tokens_per_second * float(item.seconds_per_grid or 1.0))]
 
 

@@ -77,6 +77,10 @@ class QwenVLConfig(DecoderConfig):
     interleaved_mrope: ClassVar[bool] = False
     """Which index turns each rotated pair: contiguous groups of ``mrope_section`` (Qwen2.5-VL),
     or interleaved t, h, w, t, h, w... up to each section's share (Qwen3-VL)."""
+    video_frame_runs: ClassVar[bool] = False
+    """Whether a video fills one placeholder run (Qwen2.5-VL) or one per temporal patch, with its
+    timestamp text between them (Qwen3-VL; ``media.item_runs``)."""
+
     @property
     def merge_size(self) -> int:
         return self.vision.merge_size

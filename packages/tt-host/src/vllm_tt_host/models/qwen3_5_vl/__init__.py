@@ -4,8 +4,8 @@ Text: the Qwen 3.5 layers (``qwen3_5``: gated delta-nets over a recurrent state,
 attention). Positions: Qwen3-VL's interleaved mRoPE on the rotated quarter of each head (an
 image's placeholders take its grid coordinates, decode rotates at ``p + rope_delta``). Images:
 Qwen3-VL's tower (learned position table, no DeepStack sets in the 3.5 checkpoints) gives each
-image the vectors that replace its placeholder embeddings. Images only: a 3.5 video is one
-placeholder run per frame with timestamp text between them, which the host does not place yet.
+image the vectors that replace its placeholder embeddings. Videos: Qwen3-VL's, one placeholder
+run per temporal patch with the timestamp text between them, the tower over all the frames.
 """
 
 from __future__ import annotations
@@ -21,6 +21,6 @@ FAMILY = HostFamily(
     capabilities={"TTQwen3_5ForConditionalGeneration": {
         **decoder_without("supports_async_decode", "supports_prefix_caching", "single_program_lanes",
                           "supports_verify_decode"),
-        "kv_cache_kinds": ["full_attention", "recurrent_state"],
+        "kv_cache_kinds": ["full_attention", "recurrent_state"], "modalities": ["image", "video"],
     }},
 )

@@ -60,10 +60,11 @@ class Qwen3_5VLDecoder(Qwen3VLDecoder, Qwen3_5Decoder):
 
 @vllm_multimodal_processing(VllmQwen3_5VL)
 class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalLM):
-    """Qwen 3.5 vision-language (``Qwen3_5ForConditionalGeneration``, images), float32: Qwen3-VL's
+    """Qwen 3.5 vision-language (``Qwen3_5ForConditionalGeneration``, images and videos), float32: Qwen3-VL's
     tower on the Qwen 3.5 hybrid decoder (a recurrent-state block per request for each delta-net
     layer, paged KV for the attention layers); prefill rows carry ``pixel_values`` +
-    ``image_grid_thw`` and return ``(out, rope_deltas)``, decode takes ``rope_deltas_all_users``."""
+    ``image_grid_thw`` (``pixel_values_videos`` + ``video_grid_thw``) and return ``(out,
+    rope_deltas)``, decode takes ``rope_deltas_all_users``."""
 
     family: ClassVar[str] = "qwen3_5"
     model_capabilities: ClassVar[dict[str, Any]] = {
@@ -72,6 +73,7 @@ class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalL
         # vLLM's align mode ends chunks on block boundaries, inside an image's span if need be;
         # the contract sends an image whole (``disable_chunked_mm_input``).
         "supports_prefix_caching": False,
+        "modalities": ("image", "video"),
     }
     config_type = Qwen3_5VLConfig
     decoder_type = Qwen3_5VLDecoder

@@ -10,9 +10,11 @@ FAMILY = HostFamily(
         "TTQwen3VLForConditionalGeneration": "model:HostQwen3VLForConditionalGeneration",
     },
     tiny=("vllm_tt_testing.tiny_qwen3_vl",),
-    capabilities={"TTQwen3VLForConditionalGeneration": decoder_without("supports_async_decode", "supports_verify_decode")},
+    capabilities={"TTQwen3VLForConditionalGeneration": {
+        **decoder_without("supports_async_decode", "supports_verify_decode"), "modalities": ["image", "video"]}},
 )
-"""Qwen3-VL (``Qwen3VLForConditionalGeneration``, the dense text side) on the host decoder.
+"""Qwen3-VL (``Qwen3VLForConditionalGeneration``, the dense text side) on the host decoder, images
+and videos.
 
 Text: Qwen 3 layers (q and k RMS-normed per head). Positions: mRoPE as Qwen2.5-VL's
 (``qwen2_5_vl``: an image's placeholders take its grid coordinates, decode rotates at
@@ -26,4 +28,9 @@ replace the embeddings of its placeholder tokens, and one DeepStack set per
 positions after decoder layer ``k``. The contract carries nothing more for it: the model runs
 its tower inside ``prefill_forward`` from ``pixel_values`` + ``image_grid_thw`` and hands the
 sets to the layers in the row's ``PrefillInserts.layer_adds``; decode tokens are text.
+
+Videos: ``pixel_values_videos`` + ``video_grid_thw``; the tower runs over all the frames
+(attention within each temporal patch) and the video's features (and DeepStack sets) fill its
+frame groups, one placeholder run per temporal patch with the timestamp text vLLM's processor
+writes between them (``qwen2_5_vl.media``: each run placed as a one-frame image).
 """

@@ -12,6 +12,7 @@ embeddings: the DeepStack features, carried to the layers that add them as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from vllm.model_executor.models.qwen3_vl import Qwen3VLForConditionalGeneration as VllmQwen3VL
@@ -28,6 +29,7 @@ class Qwen3VLConfig(QwenVLConfig):
     vision: Qwen3VisionConfig = field(kw_only=True)
     vision_type = Qwen3VisionConfig
     interleaved_mrope = True
+    video_frame_runs = True
 
 
 class Qwen3VLDecoder(QwenVLDecoder):
@@ -45,11 +47,14 @@ class Qwen3VLDecoder(QwenVLDecoder):
 
 @vllm_multimodal_processing(VllmQwen3VL)
 class HostQwen3VLForConditionalGeneration(HostQwenVLModel):
-    """Qwen3-VL with images (dense text side): as Qwen2.5-VL through the contract (prefill rows
-    carry ``pixel_values`` + ``image_grid_thw``, prefill returns ``(out, rope_deltas)``,
-    decode takes ``rope_deltas_all_users``); DeepStack stays inside the prefill pass."""
+    """Qwen3-VL with images and videos (dense text side): as Qwen2.5-VL through the contract
+    (prefill rows carry ``pixel_values`` + ``image_grid_thw`` and ``pixel_values_videos`` +
+    ``video_grid_thw``, prefill returns ``(out, rope_deltas)``, decode takes
+    ``rope_deltas_all_users``); DeepStack stays inside the prefill pass."""
 
     family = "qwen3"
+    model_capabilities: ClassVar[dict[str, Any]] = {**HostQwenVLModel.model_capabilities,
+                                                    "modalities": ("image", "video")}
     config_type = Qwen3VLConfig
     decoder_type = Qwen3VLDecoder
     decoder: Qwen3VLDecoder
