@@ -272,8 +272,8 @@ model's own drafter (``max_model_drafts``, ``runner.model_drafts``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
-    """Speculative decoding needs verify steps from the model (and rope positions it can
-    carry: no mRoPE)."""
+    """Speculative decoding needs verify steps from the model (an mRoPE model's carry each
+    row's rope delta, as its decode steps do)."""
     if vllm_config.speculative_config is None:
         return
     if not caps.supports_verify_decode:
@@ -282,13 +282,6 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             f"unset for {arch}, whose model_capabilities do not declare supports_verify_decode",
             "remove --speculative-config, or serve a model whose decode_forward runs verify steps "
             "(model contract: VERIFY_KWARG)",
-        )
-    model = vllm_config.model_config
-    if model is not None and model.uses_mrope:
-        raise TTUnsupportedFeatureError(
-            "--speculative-config", vllm_config.speculative_config.method,
-            f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
-            "remove --speculative-config",
         )
     if vllm_config.speculative_config.method == "mtp":
         _check_mtp(vllm_config.speculative_config, caps, arch)

@@ -72,6 +72,8 @@ class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalL
         # vLLM's align mode ends chunks on block boundaries, inside an image's span if need be;
         # the contract sends an image whole (``disable_chunked_mm_input``).
         "supports_prefix_caching": False,
+        "supports_verify_decode": False,  # verify steps over image rows: not proven yet (as Qwen-VL's)
+        "supports_mtp": False,
     }
     config_type = Qwen3_5VLConfig
     decoder_type = Qwen3_5VLDecoder
