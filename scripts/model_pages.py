@@ -193,10 +193,10 @@ PROOFS: tuple[Proof, ...] = (
           ("deepseek_v3",), "max_tokens, stop tokens and EOS are exact with MTP drafts"),
     Proof("supports_mtp", f"{_HOST_TESTS}/test_host_qwen3_5.py::test_mtp_drafts_match_the_module_in_transformers",
           ("qwen3_5",), "the mtp.* module's first and chained drafts equal the same module in transformers"),
-    Proof("supports_mtp", f"{_E2E}/test_qwen3_5_mtp.py::test_greedy_equals_transformers_alone_and_24_concurrent",
+    Proof("supports_mtp", f"{_E2E}/test_mtp.py::test_greedy_equals_transformers_alone_and_24_concurrent",
           ("qwen3_5",), "mtp.* drafts on the recurrent hybrid, verified: 24 concurrent greedy requests (rows "
           "preempted) equal transformers; drafts accepted and rejected"),
-    Proof("supports_mtp", f"{_E2E}/test_qwen3_5_mtp.py::test_max_tokens_stop_tokens_and_eos_are_exact",
+    Proof("supports_mtp", f"{_E2E}/test_mtp.py::test_max_tokens_stop_tokens_and_eos_are_exact",
           ("qwen3_5",), "max_tokens, stop tokens and EOS are exact with mtp.* drafts"),
     Proof("supports_verify_decode",
           f"{_HOST_TESTS}/test_host_qwen3_5.py::test_verify_logits_and_the_state_after_a_partial_accept_equal_transformers",

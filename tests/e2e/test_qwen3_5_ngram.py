@@ -5,7 +5,7 @@ runner sends them as a ring by position, so each verify position leaves its stat
 block and the next step reads the one of the last token vLLM kept. Greedy outputs equal
 transformers' with 24 requests at once on 4 rows (long prompts prefilled in chunks, a block pool
 small enough that vLLM preempts rows with drafts in flight) while drafts are accepted and
-rejected. The MTP module: test_qwen3_5_mtp.py."""
+rejected. The MTP module: test_mtp.py (one engine per family)."""
 
 from __future__ import annotations
 
