@@ -204,3 +204,12 @@ def test_the_drafter_rereads_only_what_its_kv_lacks(tokens, valid):
     from vllm_tt_platform.runner.draft_model import SeenTokens
 
     assert SeenTokens(confirmed=3, drafts=[7, 8]).valid(tokens) == valid
+
+
+def test_a_hybrid_models_mtp_pages_follow_its_first_attention_group():
+    """vLLM may order Qwen 3.5's recurrent groups first; the MTP module's pages (one per target
+    block) follow the attention group's table, not a state ring."""
+    from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
+
+    groups = (KVGroup(0, (0,), 256, None, recurrent=True, state_slots=1 + K), KVGroup(1, (1,), 32, None))
+    assert KVLayout(groups, ()).attention_group is groups[1]

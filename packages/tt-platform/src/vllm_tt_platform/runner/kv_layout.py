@@ -201,6 +201,12 @@ class KVLayout:
         return next(group for group in self.groups if not group.cross)
 
     @property
+    def attention_group(self) -> KVGroup:
+        """The first full or latent attention group: the one a model-side drafter's pages
+        follow (a hybrid model's first group may hold recurrent states or a window)."""
+        return next(group for group in self.groups if group.kind in ("full", "mla"))
+
+    @property
     def cross_group(self) -> KVGroup | None:
         return next((group for group in self.groups if group.cross), None)
 

@@ -123,8 +123,5 @@ class MtpDrafts:
         return [out.get(s.req_id, []) for s in states]
 
     def _attention_group(self) -> KVGroup | None:
-        """The target's first full or latent attention group, whose blocks the module's pages follow."""
         layout = self._layout()
-        if layout is None:
-            return None
-        return next(g for g in layout.groups if g.kind in ("full", "mla"))
+        return None if layout is None else layout.attention_group
