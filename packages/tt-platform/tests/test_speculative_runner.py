@@ -129,6 +129,12 @@ def test_a_recurrent_group_keeps_one_state_slot_per_verify_position():
     assert ring.state_blocks(ids, 8, 9) == (14, 11, 12, 13, 14)  # 2 of 3 drafts kept: reads position 7's
     plain = KVGroup(0, (0,), 256, None, recurrent=True)
     assert plain.state_blocks([11], 6, 7) == (11, 11)
+    from types import SimpleNamespace
+
+    from vllm_tt_platform.runner.step import page_table
+
+    state = SimpleNamespace(blocks=[ids], num_computed_tokens=6)  # a short max_model_len: 2 blocks a row
+    assert page_table([state, None], 2, 100, ring).tolist() == [[12, 13, 14, 11, 12], [0] * 5]  # type: ignore[list-item]
 
 
 def test_startup_summary_names_the_verify_trace_shape_per_lane():

@@ -160,11 +160,6 @@ class RunnerKV:
         return model.allocate_kv_cache(shape, dtype, self.num_layers)
 
     def table_width(self, max_model_len: int, num_blocks: int | None = None) -> int:
-        """``Lmax``: block-table entries per row (fewer than the lane has blocks); at least
-        ``2 + K`` with speculation, the row of a recurrent group (``KVGroup.state_blocks``: the
-        read block and one write per verify position)."""
-        spec = getattr(self.vllm_config, "speculative_config", None)
+        """``Lmax``: block-table entries per row (fewer than the lane has blocks)."""
         width = math.ceil(max_model_len / self.vllm_config.cache_config.block_size)
-        if spec is not None:
-            width = max(width, 2 + int(spec.num_speculative_tokens or 0))
         return width if num_blocks is None else min(width, num_blocks)
