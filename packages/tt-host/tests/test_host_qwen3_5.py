@@ -308,6 +308,28 @@ def test_prefix_caching_is_let_through_for_qwen3_5_and_refused_by_name_for_the_v
                        prefix_caching_requested=False)
 
 
+def test_speculation_runs_in_vllms_none_state_mode_with_a_slot_per_verify_position(qwen_dir, monkeypatch):
+    """Speculation keeps ``1 + K`` states per request, not one per KV block: vLLM's default
+    prefix caching goes off (its ``none`` state mode), the spec declares the K extra blocks,
+    and an explicit ``--enable-prefix-caching`` is refused naming it."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config import cli_flags
+
+    def config(**kwargs):
+        return EngineArgs(model=str(qwen_dir), max_model_len=512, additional_config={"tt": {"mesh_backend": "host"}},
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+                          **kwargs).create_engine_config()
+
+    vllm_config = config()
+    cache = vllm_config.cache_config
+    assert (cache.enable_prefix_caching, cache.mamba_cache_mode) == (False, "none")
+    specs = HostQwen3_5ForCausalLM.get_kv_cache_spec(vllm_config)
+    assert sorted(getattr(s, "num_speculative_blocks", -1) for s in specs.values()) == [-1, 2, 2, 2]
+    monkeypatch.setattr(cli_flags, "_given", {"enable_prefix_caching"})
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--enable-prefix-caching.*speculative-config.*Fix: remove"):
+        config(enable_prefix_caching=True)
+
+
 def test_prefix_caching_config_keeps_a_state_per_kv_block(qwen_dir):
     """vLLM's default turns prefix caching and its align mode on; the state blocks follow the
     TT block size (or the user's ``--block-size``); a ``--mamba-block-size`` or

@@ -134,7 +134,7 @@ def test_a_recurrent_group_keeps_one_state_slot_per_verify_position():
     from vllm_tt_platform.runner.step import page_table
 
     state = SimpleNamespace(blocks=[ids], num_computed_tokens=6)  # a short max_model_len: 2 blocks a row
-    assert page_table([state, None], 2, 100, ring).tolist() == [[12, 13, 14, 11, 12], [0] * 5]  # type: ignore[list-item]
+    assert page_table([state, None], 2, 100, ring).tolist() == [[12, 13, 14, 11, 12], [0] * 5]
 
 
 def test_startup_summary_names_the_verify_trace_shape_per_lane():
