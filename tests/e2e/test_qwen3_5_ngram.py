@@ -5,7 +5,9 @@ runner sends them as a ring by position, so each verify position leaves its stat
 block and the next step reads the one of the last token vLLM kept. Greedy outputs equal
 transformers' with 24 requests at once on 4 rows (long prompts prefilled in chunks, a block pool
 small enough that vLLM preempts rows with drafts in flight) while drafts are accepted and
-rejected. The MTP module: test_mtp.py (one engine per family)."""
+rejected. Device sampling is on, so these all-greedy verify steps take the model's device path
+(argmax ids read back: the decision tests/e2e/test_spec_decode_serve.py counts); the MTP tests
+verify on the host. The MTP module: test_mtp.py (one engine per family)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def test_greedy_equals_transformers_with_24_requests_chunks_and_preemption():
             speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                                 "prompt_lookup_min": 1},
             num_gpu_blocks_override=30, max_num_batched_tokens=64, disable_log_stats=False,
-            additional_config={"tt": {"mesh_backend": "host"}},
+            additional_config={"tt": {"mesh_backend": "host", "sample_on_device_mode": "all"}},
         )
     try:
         cache = llm.llm_engine.vllm_config.cache_config
