@@ -96,6 +96,21 @@ def test_speculation_is_refused_where_verify_steps_cannot_run():
     check_speculation(_spec_config(True), ModelCapabilities(supports_verify_decode=True), "TTExample")
 
 
+def test_a_drafter_model_on_a_recurrent_state_target_is_refused_naming_the_method():
+    from types import SimpleNamespace
+
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_speculation
+    from vllm_tt_platform.errors import TTUnsupportedFeatureError
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model", num_speculative_tokens=K),
+                             model_config=SimpleNamespace(uses_mrope=False))
+    hybrid = ModelCapabilities(supports_verify_decode=True, kv_cache_kinds=("full_attention", "recurrent_state"))
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--speculative-config method.*draft_model.*ngram or mtp"):
+        check_speculation(config, hybrid, "TTExample")
+    check_speculation(_spec_config(), hybrid, "TTExample")  # ngram runs
+
+
 def test_an_mrope_verify_step_carries_every_slots_rope_delta():
     """As a decode step does: slot order, 0 for free slots; a text model's calls carry none."""
     from vllm_tt_models_registry.contract import ROPE_DELTAS_KWARG

@@ -285,6 +285,13 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
         )
     if vllm_config.speculative_config.method == "mtp":
         _check_mtp(vllm_config.speculative_config, caps, arch)
+    if vllm_config.speculative_config.method == "draft_model" and "recurrent_state" in caps.kv_cache_kinds:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config method", "draft_model",
+            f"ngram or mtp for {arch}, a recurrent-state model (a drafter model's pages on such a target "
+            "are not proven yet)",
+            "use method ngram, or mtp with a checkpoint that ships its MTP module",
+        )
     k = vllm_config.speculative_config.num_speculative_tokens or 0
     if vllm_config.speculative_config.method == "custom_class":
         _check_model_drafts(vllm_config.speculative_config, k, caps, arch)
