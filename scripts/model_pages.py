@@ -200,6 +200,21 @@ PROOFS: tuple[Proof, ...] = (
           ("llama",), "EAGLE-3 drafts, verified: 24 concurrent greedy requests equal transformers; drafts accepted"),
     Proof("supports_eagle3", f"{_E2E}/test_eagle3_serve.py::test_streaming_equals_plain_equals_transformers_in_lanes",
           ("llama",), "vllm serve in 4 lanes with an EAGLE-3 head: streaming = plain = transformers, drafts accepted"),
+    Proof("supports_mtp", f"{_HOST_TESTS}/test_host_qwen3_5.py::test_mtp_drafts_match_the_module_in_transformers",
+          ("qwen3_5",), "the mtp.* module's first and chained drafts equal the same module in transformers"),
+    Proof("supports_mtp", f"{_E2E}/test_mtp.py::test_greedy_equals_transformers_alone_and_24_concurrent",
+          ("qwen3_5",), "mtp.* drafts on the recurrent hybrid, verified: 24 concurrent greedy requests (rows "
+          "preempted) equal transformers; drafts accepted and rejected"),
+    Proof("supports_mtp", f"{_E2E}/test_mtp.py::test_max_tokens_stop_tokens_and_eos_are_exact",
+          ("qwen3_5",), "max_tokens, stop tokens and EOS are exact with mtp.* drafts"),
+    Proof("supports_verify_decode",
+          f"{_HOST_TESTS}/test_host_qwen3_5.py::test_verify_logits_and_the_state_after_a_partial_accept_equal_transformers",
+          ("qwen3_5",), "verify logits at every position equal transformers for kept and rejected drafts; the "
+          "delta-net state after a partial accept equals a plain prefill's (one state slot per position)"),
+    Proof("supports_verify_decode",
+          f"{_E2E}/test_qwen3_5_ngram.py::test_greedy_equals_transformers_with_24_requests_chunks_and_preemption",
+          ("qwen3_5",), "n-gram speculation on the recurrent hybrid: 24 greedy requests in chunks and under "
+          "preemption equal transformers"),
     Proof("supports_verify_decode", f"{_HOST_TESTS}/test_host_verify.py::test_verify_logits_equal_consecutive_decode_steps",
           ("llama", "gemma3"), "a [rows, 1 + K] verify step gives, at every position, the logits and KV of plain decode steps"),
     Proof("supports_verify_decode", f"{_E2E}/test_spec_decode.py::test_greedy_equals_transformers_alone_and_concurrent",

@@ -419,16 +419,32 @@ def test_bad_speculation_is_refused_at_startup(llama, spec, error, setting):
     assert error is ValueError or "Fix:" in str(info.value)
 
 
-def test_mtp_k_beyond_the_verify_trace_is_refused_at_startup():
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_5"])
+def test_mtp_k_beyond_the_verify_trace_is_refused_at_startup(family):
     """``method: mtp`` with K beyond the verify traces is refused before the model loads (a
-    checkpoint without MTP weights is refused when it loads: tt-host's test_host_mtp)."""
+    checkpoint without MTP weights is refused when it loads: tt-host's test_host_mtp and
+    test_host_qwen3_5)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm_tt_testing.checkpoints import cached_mtp
+    from vllm_tt_testing.tiny_mtp import cached_qwen3_5_mtp
 
+    model = cached_mtp() if family == "deepseek_v3" else cached_qwen3_5_mtp()
     with pytest.raises(TTConfigError) as info:
-        EngineArgs(model=str(cached_mtp()), max_model_len=256, additional_config=HOST,
+        EngineArgs(model=str(model), max_model_len=256, additional_config=HOST,
                    speculative_config={"method": "mtp", "num_speculative_tokens": 8}).create_engine_config()
     assert "--speculative-config num_speculative_tokens" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_mtp_on_a_qwen3_5_checkpoint_without_an_mtp_module_is_refused_at_startup():
+    """The tiny Qwen 3.5 declares no ``mtp_num_hidden_layers`` (nor ships ``mtp.*``): refused
+    by the setting before the model loads."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_testing.checkpoints import cached_tiny
+
+    with pytest.raises(TTConfigError) as info:
+        EngineArgs(model=str(cached_tiny("qwen3_5", 100)), max_model_len=256, additional_config=HOST,
+                   speculative_config={"method": "mtp", "num_speculative_tokens": 1}).create_engine_config()
+    assert "--speculative-config method" in str(info.value) and "mtp_num_hidden_layers" in str(info.value)
 
 
 def test_custom_class_is_the_models_own_drafter(llama):

@@ -14,6 +14,8 @@ one state block per request whatever its length (``mamba_cache_mode`` none) or, 
 block of the step's last token gets a fresh state block (the entries before it are null), so
 each block boundary a step ends on leaves its state behind for a prefix hit. The row goes to
 the model as the runner sends it: the step's read and write blocks (``KVGroup.state_blocks``).
+With ``state_slots`` (speculative decoding) a request holds that many state blocks, the ring
+the runner resolves, and ``verify`` runs a verify step with greedy acceptance.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class ContractDriver:
         recycle: bool = False,
         free_outside_window: bool = True,
         state_boundaries: bool = False,
+        state_slots: int = 1,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -85,7 +88,8 @@ class ContractDriver:
         self.num_blocks, self.block = keys.shape[0], keys.shape[2]
         self.width = width
         self.spoil_with, self.recycle, self.free_outside_window = spoil, recycle, free_outside_window
-        self.states = KVGroup(0, (), self.block, None, recurrent=True, state_boundaries=state_boundaries)
+        self.states = KVGroup(0, (), self.block, None, recurrent=True, state_boundaries=state_boundaries,
+                              state_slots=state_slots)
         self.rng = torch.Generator().manual_seed(seed)
         order = list(range(1, self.num_blocks))
         random.Random(seed).shuffle(order)
@@ -135,13 +139,15 @@ class ContractDriver:
         ``prefix_of``: all of them in a full group, in a sliding group only those the window of
         the first computed position reaches (the others are null), in a recurrent group the
         state cached at the hit's last block boundary. Without ``state_boundaries`` a recurrent
-        group takes the request's one state block now, as vLLM allocates it, and no hits."""
+        group takes the request's ``state_slots`` state blocks now, as vLLM allocates them, and
+        no hits."""
         tables: dict[Group, list[int]] = {window: [] for window in self.groups}
         boundaries = self.states.state_boundaries
         if RECURRENT in tables and not boundaries:
             if prefix_of is not None:
                 raise ValueError("a recurrent-state model takes prefix-cache hits only with state_boundaries")
-            tables[RECURRENT].append(self.free[self.model.lanes.lane_of(slot)].pop())
+            pool = self.free[self.model.lanes.lane_of(slot)]
+            tables[RECURRENT].extend(pool.pop() for _ in range(self.states.state_slots))
         if prefix_of is not None:
             start = cached_blocks * self.block
             for window, source in self.seqs[prefix_of].tables.items():
@@ -254,3 +260,31 @@ class ContractDriver:
                 seq.computed = len(seq.history)
                 seq.logits.append(out[slot, -1])
                 seq.generated.append(int(out[slot, -1].argmax()))
+
+    def verify(self, drafts: dict[int, list[int]], num_tokens: int, **kwargs: Any) -> torch.Tensor:
+        """One verify step of every admitted request (``[rows, 1 + num_tokens]``: its last token,
+        then ``drafts[slot]``), kept greedily as vLLM's rejection sampler keeps greedy rows: the
+        drafts up to the first one the model's argmax disagrees with, then the argmax there.
+        Returns the step's logits ``[rows, 1 + num_tokens, V]``."""
+        rows = self.model.max_batch_size
+        tokens = torch.zeros(rows, 1 + num_tokens, dtype=torch.int32)
+        start = torch.full((rows,), -1, dtype=torch.int32)
+        valid = torch.zeros(rows, dtype=torch.int32)
+        for slot, seq in self.seqs.items():
+            position, row = len(seq.history) - 1, drafts.get(slot, [])
+            self._prepare(slot, position, position + 1 + len(row))
+            seq.end = position + 1  # the state row: the step's read block, then one per position
+            tokens[slot, : 1 + len(row)] = torch.tensor([seq.history[-1], *row])
+            start[slot], valid[slot] = position, 1 + len(row)
+        slots = [s if s in self.seqs else None for s in range(rows)]
+        out = self.model.decode_forward(tokens=tokens, start_pos=start, kv_cache=self.kv,
+                                        num_valid_tokens=valid, **self._table_kwargs(slots, rows), **kwargs)
+        for slot, seq in self.seqs.items():
+            row = drafts.get(slot, [])
+            kept = 0
+            while kept < len(row) and int(out[slot, kept].argmax()) == row[kept]:
+                kept += 1
+            seq.logits.extend(out[slot, j] for j in range(kept + 1))
+            seq.generated.extend([*row[:kept], int(out[slot, kept].argmax())])
+            seq.computed = len(seq.history) - 1
+        return out

@@ -1,13 +1,17 @@
 """Speculative decoding with the checkpoint's own MTP module (``method: mtp``, issue 31), one
-engine start: the tiny DeepSeek V3 with a trained MTP module (``cached_mtp``: transformers
-drops those weights, the host model runs them on the mesh inside the model).
+engine start per family: the tiny DeepSeek V3 with a trained MTP module (``cached_mtp``) and the
+tiny Qwen 3.5 with a trained ``mtp.*`` module (``tiny_mtp.cached_qwen3_5_mtp``, vLLM's
+``qwen3_5_mtp``); transformers drops those weights, the host model runs them on the mesh inside
+the model. Qwen 3.5 is recurrent-hybrid: its delta-net layers keep ``1 + K`` state slots per
+request (one per verify position), so a rejected draft never reaches the state the next step
+starts from.
 
 Greedy outputs equal transformers' target outputs alone and 24 requests at once (more than
 rows and KV blocks: rows queue and are preempted with drafts in flight) while the module's
 drafts are accepted and rejected; ``max_tokens``, stop tokens and EOS are exact; sampled
 continuations keep the target's distribution (the chi-square check the n-gram tests use).
-Bad configurations fail at startup naming the setting: ``mtp`` on a checkpoint without MTP
-weights, K beyond the captured verify shape.
+Bad configurations fail at startup naming the setting (tests/test_validation.py; a checkpoint
+without MTP weights: tt-host's test_host_mtp and test_host_qwen3_5).
 """
 
 from __future__ import annotations
@@ -25,18 +29,29 @@ K = 2
 MAX_NEW_TOKENS = 24
 DRAFTED = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PREEMPTIONS = "vllm:num_preemptions"
+KV_BLOCKS = {"deepseek_v3": 9, "qwen3_5": 24}
+"""Per family, a block pool small enough that rows queue for blocks and some are preempted
+(Qwen 3.5's requests also hold 3 x (1 + K) state blocks)."""
 
 
-@pytest.fixture(scope="module")
-def engine():
+def _checkpoint(family: str):
     from vllm_tt_testing.checkpoints import cached_mtp
+    from vllm_tt_testing.tiny_mtp import cached_qwen3_5_mtp
 
-    model_dir = cached_mtp()
-    assert json.loads((model_dir / "config.json").read_text())["model_type"] == "deepseek_v3"  # the family proven
+    return cached_mtp() if family == "deepseek_v3" else cached_qwen3_5_mtp()
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "qwen3_5"])
+def engine(request):
+    family = request.param
+    model_dir = _checkpoint(family)
+    model_type = json.loads((model_dir / "config.json").read_text())["model_type"]
+    assert model_type == {"deepseek_v3": "deepseek_v3", "qwen3_5": "qwen3_5_text"}[family]  # the family proven
     llm = offline_llm(
         model=str(model_dir), max_num_seqs=4, max_model_len=256, seed=0, block_size=32,
         speculative_config={"method": "mtp", "num_speculative_tokens": K},
-        num_gpu_blocks_override=9, disable_log_stats=False,  # rows queue for blocks, some are preempted
+        num_gpu_blocks_override=KV_BLOCKS[family], disable_log_stats=False,
         additional_config={"tt": {"mesh_backend": "host"}},
     )
     yield model_dir, llm
@@ -50,11 +65,12 @@ def test_greedy_equals_transformers_alone_and_24_concurrent(engine):
     prompts = mixed_prompts(llm.get_tokenizer().vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    drafted, accepted = counter(llm, DRAFTED), counter(llm, ACCEPTED)
+    drafted, accepted, preempted = counter(llm, DRAFTED), counter(llm, ACCEPTED), counter(llm, PREEMPTIONS)
     together = generate(llm, prompts, params)
     assert_greedy_equal(prompts, together, expected)
     drafted, accepted = counter(llm, DRAFTED) - drafted, counter(llm, ACCEPTED) - accepted
     assert 0 < accepted < drafted, (drafted, accepted)  # drafts accepted and rejected
+    assert counter(llm, PREEMPTIONS) > preempted
     alone = [generate(llm, [p], params)[0] for p in prompts[-3:]]
     assert alone == expected[-3:]
 
@@ -73,7 +89,7 @@ def test_max_tokens_stop_tokens_and_eos_are_exact(engine):
     stop = full[6]
     got = generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, stop_token_ids=[stop]))
     assert got[0] == full[: full.index(stop) + 1]
-    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace")]
+    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace", "The runner")]
     untils = hf_greedy(model_dir, eos_prompts, 64)
     ended = [(p, full[: full.index(tokenizer.eos_token_id) + 1]) for p, full in zip(eos_prompts, untils, strict=True)
              if tokenizer.eos_token_id in full]
@@ -84,8 +100,8 @@ def test_max_tokens_stop_tokens_and_eos_are_exact(engine):
 
 def test_sampled_continuations_keep_the_target_distribution(engine):
     """The shared chi-square check with the module's greedy drafts (unseeded and seeded). The
-    trained tiny DeepSeek V3's top-4 at temperature 0.5 and 0.625 differ too little for 400
-    samples (expected chi-square excess ~30-50 over 255 degrees of freedom), so the power
+    trained tiny models' top-4 at temperature 0.5 and 0.625 differ too little for 400
+    samples (DeepSeek V3: expected chi-square excess ~30-50 over 255 degrees of freedom), so the power
     check against the hotter distribution is the untrained llama tests' to make."""
     model_dir, llm = engine
     prompt = repetitive_prompts(llm.get_tokenizer().vocab_size)[0]

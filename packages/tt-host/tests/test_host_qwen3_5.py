@@ -3,7 +3,15 @@ TT contract the way the runner drives it over vLLM's hybrid KV plan: paged K/V f
 attention layer (a shuffled block pool), one state block per request for each delta-net layer
 (entry 0 of that group's table row), every unused block and state filled with noise, prompts
 in prefill chunks (some shorter than the convolution window), paged decode. Then the KV spec
-the worker hands vLLM, read back through vLLM's own planning and the runner's layout."""
+the worker hands vLLM, read back through vLLM's own planning and the runner's layout.
+
+Verify steps of speculative decoding, driven as the runner drives them: each request holds
+``1 + K`` state blocks per delta-net layer (vLLM's ``num_speculative_blocks``), a ring by
+position (``KVGroup.state_blocks``), so a verify step leaves the state after each of its
+positions in its own block and the next step reads the one of the last kept position. Logits at
+every verify position equal transformers' whether the drafts there are kept or rejected, the
+state the next step starts from after a partial accept equals a plain prefill's, and generation
+continued after verify steps stays transformers' greedy run."""
 
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.checkpoints import cached_tiny
 from vllm_tt_testing.contract_driver import RECURRENT, ContractDriver
-from vllm_tt_testing.parity import assert_matches_hf, prompts
+from vllm_tt_testing.parity import assert_matches_hf, hf_all_logits, hf_greedy, prompts
 
 BLOCK = 16
 NUM_BLOCKS = 40
@@ -50,11 +58,13 @@ def build(folder: Path, batch: int = 2) -> HostQwen3_5ForCausalLM:
     return model
 
 
-def drive(model: HostQwen3_5ForCausalLM, seed: int, state_boundaries: bool = False) -> ContractDriver:
+def drive(model: HostQwen3_5ForCausalLM, seed: int, state_boundaries: bool = False,
+          state_slots: int = 1) -> ContractDriver:
     """The contract driver over vLLM's plan reduced to one lane: a full-attention group (one
     block per ``BLOCK`` tokens) and a recurrent group (one state block per request, or with
-    ``state_boundaries`` vLLM's align-mode row of a state per block), from one shuffled pool;
-    every block and state starts as noise."""
+    ``state_boundaries`` vLLM's align-mode row of a state per block, or with ``state_slots``
+    speculative decoding's ring of states), from one shuffled pool; every block and state
+    starts as noise."""
     cfg = model.config
     assert isinstance(cfg, Qwen3_5Config)
     states = ((NUM_BLOCKS, *cfg.delta.conv_state_shape), (NUM_BLOCKS, *cfg.delta.recurrent_state_shape))
@@ -64,7 +74,8 @@ def drive(model: HostQwen3_5ForCausalLM, seed: int, state_boundaries: bool = Fal
         for i in range(cfg.num_layers)
     ])
     kinds = [RECURRENT if cfg.linear(i) else None for i in range(cfg.num_layers)]
-    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise", state_boundaries=state_boundaries)
+    driver = ContractDriver(model, kv, kinds, width=WIDTH, seed=seed, spoil="noise", state_boundaries=state_boundaries,
+                            state_slots=state_slots)
     driver.spoil(0)
     return driver
 
@@ -273,7 +284,7 @@ def test_registered_for_the_host_backend():
     assert HOST_MODELS["TTQwen3_5ForCausalLM"].endswith("qwen3_5.model:HostQwen3_5ForCausalLM")
     caps = HostQwen3_5ForCausalLM.model_capabilities
     assert caps["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
-    assert caps["supports_prefix_caching"] and not caps["supports_verify_decode"]
+    assert caps["supports_prefix_caching"] and caps["supports_verify_decode"] and caps["supports_mtp"]
 
 
 def test_prefix_caching_is_let_through_for_qwen3_5_and_refused_by_name_for_the_vl_model():
@@ -297,6 +308,28 @@ def test_prefix_caching_is_let_through_for_qwen3_5_and_refused_by_name_for_the_v
                        prefix_caching_requested=False)
 
 
+def test_speculation_runs_in_vllms_none_state_mode_with_a_slot_per_verify_position(qwen_dir, monkeypatch):
+    """Speculation keeps ``1 + K`` states per request, not one per KV block: vLLM's default
+    prefix caching goes off (its ``none`` state mode), the spec declares the K extra blocks,
+    and an explicit ``--enable-prefix-caching`` is refused naming it."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm_tt_platform.config import cli_flags
+
+    def config(**kwargs):
+        return EngineArgs(model=str(qwen_dir), max_model_len=512, additional_config={"tt": {"mesh_backend": "host"}},
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+                          **kwargs).create_engine_config()
+
+    vllm_config = config()
+    cache = vllm_config.cache_config
+    assert (cache.enable_prefix_caching, cache.mamba_cache_mode) == (False, "none")
+    specs = HostQwen3_5ForCausalLM.get_kv_cache_spec(vllm_config)
+    assert sorted(getattr(s, "num_speculative_blocks", -1) for s in specs.values()) == [-1, 2, 2, 2]
+    monkeypatch.setattr(cli_flags, "_given", {"enable_prefix_caching"})
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--enable-prefix-caching.*speculative-config.*Fix: remove"):
+        config(enable_prefix_caching=True)
+
+
 def test_prefix_caching_config_keeps_a_state_per_kv_block(qwen_dir):
     """vLLM's default turns prefix caching and its align mode on; the state blocks follow the
     TT block size (or the user's ``--block-size``); a ``--mamba-block-size`` or
@@ -318,3 +351,148 @@ def test_prefix_caching_config_keeps_a_state_per_kv_block(qwen_dir):
         cache(mamba_block_size=128)
     with pytest.raises(TTUnsupportedFeatureError, match=r"--prefix-match-unit=16.*Fix: remove --prefix-match-unit"):
         cache(prefix_match_unit=16)
+
+
+# ---- verify steps (speculative decoding) -------------------------------------------
+
+K = 3
+
+
+def _states(runner, slot: int, position: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per delta-net layer: the state after ``position`` of the request in ``slot`` (its ring)."""
+    ring = runner.seqs[slot].tables[RECURRENT]
+    block = ring[position % len(ring)]
+    return [(layer.conv[block].clone(), layer.recurrent[block].clone())
+            for layer in runner.kv[0] if isinstance(layer, RecurrentState)]
+
+
+def _other(token: int) -> int:
+    """A draft that is not ``token``."""
+    return (token + 1) % 1000 + 3
+
+
+def _verify_matches_hf(runner, hf_qwen, drafts: dict[int, list[int]]) -> None:
+    """One verify step; every real position's logits equal transformers' over the row's history
+    and drafts."""
+    before = {slot: list(seq.history) for slot, seq in runner.seqs.items()}
+    out = runner.verify(drafts, K)
+    for slot, row in drafts.items():
+        theirs = hf_all_logits(hf_qwen, before[slot] + row)[len(before[slot]) - 1 :]
+        torch.testing.assert_close(out[slot, : 1 + len(row)], theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_verify_logits_and_the_state_after_a_partial_accept_equal_transformers(qwen_dir, hf_qwen):
+    """Slot 0 drafts its true continuation with a wrong third draft (two kept, one rejected);
+    slot 1's first draft is wrong (none kept), then a step keeps all three and one is a plain
+    row (no drafts). Every real position's logits equal transformers' over the row's history and
+    drafts; after the steps, the state the next step reads equals a plain prefill's of the same
+    tokens, and further decode and verify steps stay on transformers' greedy run."""
+    runner = drive(build(qwen_dir), 11, state_slots=1 + K)
+    runner.add(0, prompts(21, 30)[0])
+    runner.add(1, prompts(22, 17)[0])
+    runner.prefill([(0, 30), (1, 17)])
+    truth = {slot: hf_greedy(hf_qwen, runner.seqs[slot].history, K)[0] for slot in (0, 1)}
+    wrong = {0: _other(truth[0][2]), 1: _other(truth[1][0])}
+    _verify_matches_hf(runner, hf_qwen, {0: [*truth[0][:2], wrong[0]], 1: [wrong[1], *truth[1][1:]]})  # 2, 0 kept
+    _verify_matches_hf(runner, hf_qwen, {0: [], 1: hf_greedy(hf_qwen, runner.seqs[1].history, K)[0]})  # -, 3 kept
+    assert [len(runner.seqs[s].generated) for s in (0, 1)] == [1 + 3 + 1, 1 + 1 + 4]
+
+    for slot in (0, 1):  # the state the next step reads: after the last kept position
+        seq = runner.seqs[slot]
+        plain = drive(build(qwen_dir), 12)
+        plain.add(0, seq.history[:-1])
+        plain.prefill([(0, len(seq.history) - 1)])
+        for (conv, state), (ref_conv, ref_state) in zip(_states(runner, slot, seq.computed - 1),
+                                                        _states(plain, 0, 0), strict=True):
+            torch.testing.assert_close(conv, ref_conv, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(state, ref_state, atol=1e-5, rtol=1e-5)
+
+    runner.decode(2)
+    _verify_matches_hf(runner, hf_qwen, {0: hf_greedy(hf_qwen, runner.seqs[0].history, 2)[0], 1: [wrong[1]]})
+    runner.decode(3)
+    worst = max(assert_matches_hf(hf_qwen, runner.seqs[slot]) for slot in (0, 1))
+    assert worst < 1e-4
+    assert runner.null_block_untouched()
+
+
+def test_a_next_step_reading_the_last_written_slot_goes_wrong(qwen_dir, hf_qwen):
+    """The ring is what keeps a rejected draft out of the state: after slot 0 keeps none of
+    three drafts, the slot its last (rejected) draft wrote holds another state than the one the
+    next step reads, and generation from there stays transformers'."""
+    runner = drive(build(qwen_dir), 13, state_slots=1 + K)
+    runner.add(0, prompts(23, 25)[0])
+    runner.prefill([(0, 25)])
+    truth = hf_greedy(hf_qwen, runner.seqs[0].history, 1)[0]
+    start = len(runner.seqs[0].history) - 1
+    runner.verify({0: [_other(truth[0]), 5, 6]}, K)
+    seq = runner.seqs[0]
+    assert seq.computed == start + 1  # none kept: the bonus token only
+    kept, rejected = _states(runner, 0, start), _states(runner, 0, start + K)
+    assert any(not torch.allclose(a[1], b[1], atol=1e-3) for a, b in zip(kept, rejected, strict=True))
+    runner.decode(2)
+    assert assert_matches_hf(hf_qwen, seq) < 1e-4
+
+
+# ---- the MTP module (method: mtp) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mtp_reference(tmp_path_factory):
+    """The tiny Qwen 3.5 with a trained ``mtp.*`` module, transformers' target model of it and
+    the module in transformers' modules, read back from the saved tensors (the oracle)."""
+    from vllm_tt_testing.tiny_mtp import MtpHead, cached_qwen3_5_mtp
+
+    folder = cached_qwen3_5_mtp()
+    return (folder, *MtpHead.from_checkpoint(folder, tmp_path_factory.mktemp("qwen3_5-mtp-block")))
+
+
+def test_mtp_drafts_match_the_module_in_transformers(mtp_reference):
+    """After a prefill of two rows, ``mtp_forward`` (the module's KV on the target's attention
+    blocks) drafts what vLLM's ``qwen3_5_mtp`` math gives in transformers' modules: the first
+    draft from the target's hidden states at every prompt position, the chained second from the
+    module's own output hidden and its first draft."""
+    folder, target, head = mtp_reference
+    model = build(folder)
+    assert model.mtp_layers == 1
+    runner = drive(model, 14)
+    cfg = model.config
+    assert isinstance(cfg, Qwen3_5Config)
+    mtp_kv = model.allocate_mtp_kv_cache((NUM_BLOCKS, cfg.num_kv_heads, BLOCK, cfg.head_dim), torch.float32)
+    runner.add(0, _trained_text(folder, 30))
+    runner.add(1, prompts(24, 17)[0])
+    runner.prefill([(0, 30), (1, 17)])
+    fed = [runner.seqs[slot].history[1:] for slot in (0, 1)]
+    feed = torch.zeros(2, max(map(len, fed)), dtype=torch.int32)
+    for slot, row in enumerate(fed):
+        feed[slot, : len(row)] = torch.tensor(row)
+    attention = runner.page_tables([0, 1], WIDTH)[cfg.layer_kinds.index("full_attention")]
+    drafts = model.mtp_forward(tokens=feed, start_pos=torch.zeros(2, dtype=torch.int32),
+                               num_valid_tokens=torch.tensor([len(f) for f in fed]), page_table=attention,
+                               kv_cache=mtp_kv, num_drafts=2)
+    for slot in (0, 1):
+        assert drafts[slot].tolist() == head.greedy_drafts(target, runner.seqs[slot].prompt, fed[slot], 2), slot
+
+
+def test_a_checkpoint_declaring_mtp_without_its_weights_is_refused(qwen_dir, tmp_path):
+    """``mtp_num_hidden_layers: 1`` without ``mtp.*`` tensors: the model has no module, and the
+    runner's drafter and the module's KV are refused by the setting."""
+    import json
+    from types import SimpleNamespace
+
+    from vllm_tt_platform.runner.mtp import MtpDrafts
+
+    for path in qwen_dir.iterdir():
+        if path.is_file() and not path.name.startswith("."):
+            (tmp_path / path.name).symlink_to(path)
+    config = json.loads((qwen_dir / "config.json").read_text()) | {"mtp_num_hidden_layers": 1}
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = build(tmp_path)
+    assert model.mtp_layers == 0
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="tiny-qwen3_5", max_model_len=WIDTH * BLOCK),
+                                  cache_config=SimpleNamespace(block_size=BLOCK))
+    with pytest.raises(TTConfigError, match="--speculative-config method"):
+        MtpDrafts(vllm_config, model, None, 1, 2)  # type: ignore[arg-type]
+    with pytest.raises(TTConfigError, match="--speculative-config method"):
+        model.allocate_mtp_kv_cache((NUM_BLOCKS, model.config.num_kv_heads, BLOCK, model.config.head_dim),
+                                    torch.float32)

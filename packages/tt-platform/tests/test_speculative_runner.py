@@ -82,19 +82,74 @@ def _spec_config(uses_mrope: bool = False):
                            model_config=SimpleNamespace(uses_mrope=uses_mrope))
 
 
-@pytest.mark.parametrize(("caps", "mrope", "named"), [
-    ({}, False, "supports_verify_decode"),
-    ({"supports_verify_decode": True}, True, "mRoPE"),
-])
-def test_speculation_is_refused_where_verify_steps_cannot_run(caps, mrope, named):
+def test_speculation_is_refused_where_verify_steps_cannot_run():
+    """A model without verify steps is refused; an mRoPE model that declares them is served
+    (its verify steps carry the rope deltas: test_an_mrope_verify_step_carries_every_slots_rope_delta)."""
     from vllm_tt_models_registry.contract import ModelCapabilities
     from vllm_tt_platform.config.startup_checks import check_speculation
     from vllm_tt_platform.errors import TTUnsupportedFeatureError
 
-    with pytest.raises(TTUnsupportedFeatureError, match=named) as info:
-        check_speculation(_spec_config(mrope), ModelCapabilities(**caps), "TTExample")
+    with pytest.raises(TTUnsupportedFeatureError, match="supports_verify_decode") as info:
+        check_speculation(_spec_config(True), ModelCapabilities(), "TTExample")
     assert "--speculative-config" in str(info.value)
     check_speculation(_spec_config(), ModelCapabilities(supports_verify_decode=True), "TTExample")
+    check_speculation(_spec_config(True), ModelCapabilities(supports_verify_decode=True), "TTExample")
+
+
+def test_a_drafter_model_on_a_recurrent_state_target_is_refused_naming_the_method():
+    from types import SimpleNamespace
+
+    from vllm_tt_models_registry.contract import ModelCapabilities
+    from vllm_tt_platform.config.startup_checks import check_speculation
+    from vllm_tt_platform.errors import TTUnsupportedFeatureError
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model", num_speculative_tokens=K),
+                             model_config=SimpleNamespace(uses_mrope=False))
+    hybrid = ModelCapabilities(supports_verify_decode=True, kv_cache_kinds=("full_attention", "recurrent_state"))
+    with pytest.raises(TTUnsupportedFeatureError, match=r"--speculative-config method.*draft_model.*ngram or mtp"):
+        check_speculation(config, hybrid, "TTExample")
+    check_speculation(_spec_config(), hybrid, "TTExample")  # ngram runs
+
+
+def test_an_mrope_verify_step_carries_every_slots_rope_delta():
+    """As a decode step does: slot order, 0 for free slots; a text model's calls carry none."""
+    from vllm_tt_models_registry.contract import ROPE_DELTAS_KWARG
+    from vllm_tt_platform.runner.call_builder import StepCalls
+
+    batch = _decoding_batch()
+    out = step(cached=cached(["a", "b"], [3, 2]), scheduled={"a": 1 + K, "b": 1})
+    out.scheduled_spec_decode_tokens = {"a": [7, 8, 9]}
+    batch.update(out)
+    batch.requests["b"].rope_delta = -5
+    plan = StepPlan.build(out, batch)
+    for mrope, expected in ((True, [0, -5, 0, 0]), (False, None)):
+        calls = StepCalls(kv_cache=None, table_width=3, blocks_per_lane=100, layout=None, num_slots=4, vocab_size=64,
+                          prefill_trace=False, decode_trace=False, uses_mrope=mrope)
+        kwargs = calls.verify(plan, None, real_drafts(out), K).to_contract_kwargs()
+        assert kwargs.get(ROPE_DELTAS_KWARG) == expected
+        assert kwargs["num_valid_tokens"].tolist() == [4, 1, 0, 0]
+
+
+def test_a_recurrent_group_keeps_one_state_slot_per_verify_position():
+    """``1 + K`` state blocks per request (vLLM's ``num_speculative_blocks``), a ring by
+    position: a step reads the slot of its first position's predecessor and writes position
+    ``start + j``'s state to slot ``(start + j) % (1 + K)``, so after a partial accept the next
+    step reads the state of the last kept position."""
+    from vllm_tt_platform.runner.kv_layout import KVGroup
+
+    ring = KVGroup(0, (0,), 256, None, recurrent=True, state_slots=1 + K)
+    ids = [11, 12, 13, 14]
+    assert ring.state_blocks(ids, 0, 5) == (11, 11, 12, 13, 14)  # a prefill from 0: the state after 4
+    assert ring.state_blocks(ids, 6, 7) == (12, 13, 14, 11, 12)  # verify at 6: positions 6..9
+    assert ring.state_blocks(ids, 8, 9) == (14, 11, 12, 13, 14)  # 2 of 3 drafts kept: reads position 7's
+    plain = KVGroup(0, (0,), 256, None, recurrent=True)
+    assert plain.state_blocks([11], 6, 7) == (11, 11)
+    from types import SimpleNamespace
+
+    from vllm_tt_platform.runner.step import page_table
+
+    state = SimpleNamespace(blocks=[ids], num_computed_tokens=6)  # a short max_model_len: 2 blocks a row
+    assert page_table([state, None], 2, 100, ring).tolist() == [[12, 13, 14, 11, 12], [0] * 5]
 
 
 def test_startup_summary_names_the_verify_trace_shape_per_lane():
@@ -170,3 +225,12 @@ def test_the_drafter_rereads_only_what_its_kv_lacks(tokens, valid):
     from vllm_tt_platform.runner.draft_model import SeenTokens
 
     assert SeenTokens(confirmed=3, drafts=[7, 8]).valid(tokens) == valid
+
+
+def test_a_hybrid_models_mtp_pages_follow_its_first_attention_group():
+    """vLLM may order Qwen 3.5's recurrent groups first; the MTP module's pages (one per target
+    block) follow the attention group's table, not a state ring."""
+    from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
+
+    groups = (KVGroup(0, (0,), 256, None, recurrent=True, state_slots=1 + K), KVGroup(1, (1,), 32, None))
+    assert KVLayout(groups, ()).attention_group is groups[1]

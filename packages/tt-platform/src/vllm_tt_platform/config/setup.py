@@ -215,6 +215,10 @@ def configure(vllm_config: VllmConfig) -> None:
     if cache.enable_prefix_caching and not caps.supports_prefix_caching:
         logger.info("Prefix caching off: %s does not declare supports_prefix_caching.", setup.model.arch)
         cache.enable_prefix_caching = False
+    if cache.enable_prefix_caching and vllm_config.speculative_config is not None \
+            and "recurrent_state" in caps.kv_cache_kinds:
+        _no_state_caching_with_drafts(setup.model.arch)
+        cache.enable_prefix_caching = False
     if not cache.enable_prefix_caching and cache.mamba_cache_mode != "none":
         # vLLM chose its recurrent-state caching mode for prefix caching before it was turned off.
         cache.mamba_cache_mode = "none"
@@ -243,6 +247,22 @@ def configure(vllm_config: VllmConfig) -> None:
     # A pooling prompt runs whole; a generation model chunks unless the user turned it off
     # (vLLM's own default is on: off is always the user's choice).
     scheduler.enable_chunked_prefill = scheduler.enable_chunked_prefill and not pooling
+
+
+def _no_state_caching_with_drafts(arch: str) -> None:
+    """A recurrent-state model speculates in vLLM's ``none`` state mode: a request's ``1 + K``
+    state blocks hold the state after each verify position (``KVGroup.state_slots``), where
+    ``align`` mode would cache one per KV block. An explicit ``--enable-prefix-caching`` is an
+    error; vLLM's default is switched off."""
+    if cli_flags.given("enable_prefix_caching"):
+        raise TTUnsupportedFeatureError(
+            "--enable-prefix-caching", True,
+            f"off with --speculative-config for {arch}, a recurrent-state model (its verify steps keep one "
+            "state per draft position, not one per KV block)",
+            "remove --enable-prefix-caching, or --speculative-config",
+        )
+    logger.info("Prefix caching off: speculative decoding on %s (recurrent state) keeps 1 + K state slots per "
+                "request, one per verify position.", arch)
 
 
 def _state_boundaries(cache: CacheConfig, state_block: int | None) -> None:

@@ -274,8 +274,8 @@ model's own drafter (``max_model_drafts``, ``runner.model_drafts``)."""
 
 
 def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: str) -> None:
-    """Speculative decoding needs verify steps from the model (and rope positions it can
-    carry: no mRoPE)."""
+    """Speculative decoding needs verify steps from the model (an mRoPE model's carry each
+    row's rope delta, as its decode steps do)."""
     if vllm_config.speculative_config is None:
         return
     if not caps.supports_verify_decode:
@@ -285,17 +285,17 @@ def check_speculation(vllm_config: VllmConfig, caps: ModelCapabilities, arch: st
             "remove --speculative-config, or serve a model whose decode_forward runs verify steps "
             "(model contract: VERIFY_KWARG)",
         )
-    model = vllm_config.model_config
-    if model is not None and model.uses_mrope:
-        raise TTUnsupportedFeatureError(
-            "--speculative-config", vllm_config.speculative_config.method,
-            f"unset for {arch}, an mRoPE model (verify steps do not carry rope deltas yet)",
-            "remove --speculative-config",
-        )
     if vllm_config.speculative_config.method == "mtp":
         _check_mtp(vllm_config.speculative_config, caps, arch)
     if vllm_config.speculative_config.method == "eagle3":
         _check_eagle3(vllm_config, caps, arch)
+    if vllm_config.speculative_config.method == "draft_model" and "recurrent_state" in caps.kv_cache_kinds:
+        raise TTUnsupportedFeatureError(
+            "--speculative-config method", "draft_model",
+            f"ngram or mtp for {arch}, a recurrent-state model (a drafter model's pages on such a target "
+            "are not proven yet)",
+            "use method ngram, or mtp with a checkpoint that ships its MTP module",
+        )
     k = vllm_config.speculative_config.num_speculative_tokens or 0
     if vllm_config.speculative_config.method == "custom_class":
         _check_model_drafts(vllm_config.speculative_config, k, caps, arch)

@@ -59,17 +59,20 @@ class StepCalls:
         )
 
     def decode(self, plan: StepPlan, sampling: DeviceSampling | None, *, reset_batch: bool | None) -> DecodeCall:
-        rope_deltas = None
-        if self.uses_mrope:
-            rope_deltas = mm_inputs.decode_rope_deltas([r.state for r in plan.rows], self.num_slots)
         return DecodeCall(self._decode_inputs(plan), self.kv_cache, self.decode_trace, sampling,
-                          reset_batch=reset_batch, rope_deltas=rope_deltas)
+                          reset_batch=reset_batch, rope_deltas=self._rope_deltas(plan))
 
     def verify(self, plan: StepPlan, sampling: DeviceSampling | None, drafts: dict[str, list[int]],
                num_tokens: int) -> VerifyCall:
         """``num_tokens``: K, the drafts a verify trace has room for per row."""
         inputs = VerifyInputs.build(self._decode_inputs(plan), plan.rows, drafts, num_tokens)
-        return VerifyCall(inputs, self.kv_cache, self.decode_trace, sampling, drafts)
+        return VerifyCall(inputs, self.kv_cache, self.decode_trace, sampling, drafts, self._rope_deltas(plan))
+
+    def _rope_deltas(self, plan: StepPlan) -> list[int] | None:
+        """An mRoPE model's decode and verify steps carry every slot's rope delta."""
+        if not self.uses_mrope:
+            return None
+        return mm_inputs.decode_rope_deltas([r.state for r in plan.rows], self.num_slots)
 
     def block(self, plan: StepPlan, block_tokens: dict[str, int]) -> BlockCall:
         """``block_tokens``: the most tokens each row (by request id) may commit."""

@@ -104,6 +104,9 @@ class VerifyCall:
     sampling: DeviceSampling | None
     drafts: dict[str, list[int]]
     """Each row's drafts, as the acceptance reads them."""
+    rope_deltas: list[int] | None = None
+    """mRoPE models: every slot's position delta, as a decode step's (a verify position
+    ``p + j`` rotates at ``p + j + delta``)."""
 
     def to_contract_kwargs(self) -> dict[str, Any]:
         decode = self.inputs.decode
@@ -113,6 +116,8 @@ class VerifyCall:
             kwargs.update(self.sampling.to_contract_kwargs())
         if decode.page_tables_per_layer is not None:
             kwargs["page_tables_per_layer"] = decode.page_tables_per_layer
+        if self.rope_deltas is not None:
+            kwargs[ROPE_DELTAS_KWARG] = self.rope_deltas
         return kwargs
 
 

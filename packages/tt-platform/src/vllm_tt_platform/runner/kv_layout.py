@@ -86,6 +86,12 @@ class KVGroup:
     position-indexed, entry ``j`` the state after ``(j + 1) * block_size`` tokens, so every
     block boundary a step ends on leaves a state vLLM can cache; otherwise one block per
     request holds the running state."""
+    state_slots: int = 1
+    """A recurrent group without ``state_boundaries``: the state blocks of a request (vLLM's
+    ``1 + num_speculative_blocks``: ``1 + K`` with speculative decoding), a ring by position:
+    the state after position ``q`` sits in block ``q % state_slots``. A verify step writes the
+    state after each of its positions, and the next step reads the one of the last position
+    vLLM kept, so a rejected draft never reaches the state and nothing tracks acceptance."""
     cross: bool = False
     """Cross-attention (``CrossAttentionSpec``, an encoder-decoder model's): the blocks of the
     request's encoder states (Mllama's vision keys), allocated once, sent as ``cross_page_table``."""
@@ -108,22 +114,29 @@ class KVGroup:
             return 0
         return max(num_computed_tokens - self.retained_tokens, 0) // self.block_size
 
-    def state_blocks(self, ids: Sequence[int], start: int, end: int) -> tuple[int, int]:
-        """A recurrent row's ``(read, write)`` blocks for a step computing ``[start, end)``:
-        the state after ``start`` tokens and the block the state after ``end`` goes to. In
-        ``align`` mode that is vLLM's GPU-runner rule (``preprocess_mamba`` copies the block of
-        token ``start - 1`` into the block of token ``end - 1`` before the kernel runs in place):
-        read there, write here; a prefix hit of ``k`` blocks reads cached entry ``k - 1``. The
-        read block at ``start`` 0 is the null block (the model starts from zeros)."""
-        if not self.state_boundaries:
-            return ids[0], ids[0]
-        read = ids[(start - 1) // self.block_size] if start > 0 else 0
-        return read, ids[(end - 1) // self.block_size]
+    def state_blocks(self, ids: Sequence[int], start: int, end: int) -> tuple[int, ...]:
+        """A recurrent row's blocks for a step computing ``[start, end)``: ``(read, write,
+        ...)``, the state after ``start`` tokens and the block the state after ``end`` goes to.
+        In ``align`` mode that is vLLM's GPU-runner rule (``preprocess_mamba`` copies the block
+        of token ``start - 1`` into the block of token ``end - 1`` before the kernel runs in
+        place): read there, write here; a prefix hit of ``k`` blocks reads cached entry
+        ``k - 1``. The read block at ``start`` 0 is the null block (the model starts from
+        zeros). Otherwise the ring of ``state_slots`` blocks: read the slot of position
+        ``start - 1``, then the slots of the ``state_slots`` positions from ``end - 1`` on
+        (entry ``1 + j``: where a verify step's position ``j`` leaves its state)."""
+        if self.state_boundaries:
+            read = ids[(start - 1) // self.block_size] if start > 0 else 0
+            return read, ids[(end - 1) // self.block_size]
+        ring = ids[: self.state_slots]
+        n = len(ring)
+        return (ring[(start - 1) % n] if start > 0 else ring[0], *(ring[(end - 1 + j) % n] for j in range(n)))
 
     def describe(self) -> str:
         kind = self.kind if self.sliding_window is None else f"sliding(W={self.sliding_window})"
         if self.state_boundaries:
             kind = f"recurrent(a state per {self.block_size}-token block)"
+        elif self.state_slots > 1:
+            kind = f"recurrent({self.state_slots} state slots per request, one per verify position)"
         return f"{kind} layers {list(self.layers)}"
 
 
@@ -188,6 +201,12 @@ class KVLayout:
         return next(group for group in self.groups if not group.cross)
 
     @property
+    def attention_group(self) -> KVGroup:
+        """The first full or latent attention group: the one a model-side drafter's pages
+        follow (a hybrid model's first group may hold recurrent states or a window)."""
+        return next(group for group in self.groups if group.kind in ("full", "mla"))
+
+    @property
     def cross_group(self) -> KVGroup | None:
         return next((group for group in self.groups if group.cross), None)
 
@@ -235,7 +254,7 @@ def _group(index: int, layers: tuple[int, ...], spec: KVCacheSpec) -> KVGroup:
         return KVGroup(index, layers, spec.block_size, None, latent=True)
     if isinstance(spec, MambaSpec):
         return KVGroup(index, layers, spec.block_size, None, recurrent=True,
-                       state_boundaries=spec.mamba_cache_mode == "align")
+                       state_boundaries=spec.mamba_cache_mode == "align", state_slots=1 + spec.num_speculative_blocks)
     if isinstance(spec, CrossAttentionSpec):
         return KVGroup(index, layers, spec.block_size, None, cross=True)
     # A FullAttentionSpec with a sliding_window (vLLM's hybrid manager disabled) keeps every

@@ -135,11 +135,14 @@ class TTModelRunner:
         if self.spec_settings is not None:
             drafter: Drafter
             if self.spec_settings.method == "mtp":
-                layer_spec = next(iter(self.kv.spec(model_cls).values()))
-                if not isinstance(layer_spec, AttentionSpec):
-                    raise TypeError(f"{model_cls.__qualname__}: the first KV layer is not attention ({layer_spec})")
+                # The module's block is an attention layer of the target's shape (a hybrid
+                # model's first layers may hold a recurrent state).
+                layer_spec = next((s for s in self.kv.spec(model_cls).values() if isinstance(s, AttentionSpec)), None)
+                if layer_spec is None:
+                    raise TypeError(f"{model_cls.__qualname__}: no attention layer in its KV cache spec")
                 drafter = self._paged_drafter = MtpDrafts(self.vllm_config, self._model, layer_spec,
-                                                          self.spec_settings.num_tokens, self.batch.num_slots)
+                                                          self.spec_settings.num_tokens, self.batch.num_slots,
+                                                          lambda: self.kv.planned)
             elif self.spec_settings.method == "eagle3":
                 drafter = self._paged_drafter = Eagle3Drafts(self.vllm_config, self._model, self.spec_settings.num_tokens,
                                                              self.batch.num_slots)

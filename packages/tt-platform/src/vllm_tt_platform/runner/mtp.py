@@ -6,7 +6,8 @@ the runner sends only token ids: per row, the tokens the target has confirmed si
 last drafts (each pairs with the hidden state one position before it), and gets K draft ids
 back. The module's KV has one page per target block, like a drafter model's
 (``draft_model``: vLLM reserves K lookahead slots per row for ``mtp`` too), so it needs no
-block table of its own and its bytes join the same KV budget.
+block table of its own and its bytes join the same KV budget: it takes the table of the
+target's first attention group (a hybrid target's others hold recurrent states or windows).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.runner.batch import RequestState
 from vllm_tt_platform.runner.drafters import DraftBackoff
+from vllm_tt_platform.runner.kv_layout import KVGroup, KVLayout
 from vllm_tt_platform.runner.step import page_table
 
 
@@ -28,7 +30,8 @@ class MtpDrafts:
     """The model's MTP module as the runner's ``Drafter``."""
 
     def __init__(self, vllm_config: VllmConfig, model: Any, layer_spec: AttentionSpec, num_tokens: int,
-                 num_slots: int) -> None:
+                 num_slots: int, layout: Callable[[], KVLayout | None] = lambda: None) -> None:
+        """``layout``: the target's planned KV layout once vLLM has planned it (None: one group)."""
         layers = int(getattr(model, "mtp_layers", 0) or 0)
         if not callable(getattr(model, "mtp_forward", None)) or layers < 1:
             raise TTConfigError(
@@ -40,6 +43,7 @@ class MtpDrafts:
             )
         self.model = model
         self.layer_spec = layer_spec
+        self._layout = layout
         self.num_layers = layers
         self.num_tokens = num_tokens
         self.num_slots = num_slots
@@ -109,10 +113,15 @@ class MtpDrafts:
             by_slot[state.slot] = state
         drafts = self.model.mtp_forward(
             tokens=tokens, start_pos=start_pos, num_valid_tokens=valid,
-            page_table=page_table(by_slot, self._table_width, self._blocks_per_lane), kv_cache=self._kv,
+            page_table=page_table(by_slot, self._table_width, self._blocks_per_lane, self._attention_group()),
+            kv_cache=self._kv,
             num_drafts=self.num_tokens,
         )
         out: dict[str, list[int]] = {}
         for state, _, _, k in rows:
             out[state.req_id] = [int(t) for t in drafts[state.slot, :k].tolist() if t >= 0]
         return [out.get(s.req_id, []) for s in states]
+
+    def _attention_group(self) -> KVGroup | None:
+        layout = self._layout()
+        return None if layout is None else layout.attention_group

@@ -82,7 +82,10 @@ def page_table(states: list[RequestState | None], width: int, blocks_per_lane: i
     ``group``: that KV cache group's blocks, with the entries its sliding window has left behind
     zeroed (vLLM may have freed and reused them), or a recurrent group's two state blocks
     (``KVGroup.state_blocks``; ``ends``: each row's token count after the step, by default one
-    token past its computed ones); without it, the first group's, every entry."""
+    token past its computed ones); without it, the first group's, every entry. A recurrent
+    group's row is at least ``1 + state_slots`` wide (its read block and one write per slot)."""
+    if group is not None and group.recurrent and not group.state_boundaries:
+        width = max(width, 1 + group.state_slots)
     table = torch.zeros((len(states), width), dtype=torch.int32)
     numbering = BlockNumbering(blocks_per_lane)
     index = 0 if group is None else group.index

@@ -22,6 +22,7 @@ from vllm_tt_host.models.frame.config import (
     DecoderConfig,
     common_fields,
     model_name,
+    mtp_modules,
     positive_int,
 )
 from vllm_tt_host.models.frame.rope_config import read_rope
@@ -99,12 +100,7 @@ class DeepseekV3Config(DecoderConfig):
         if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
             raise TTConfigError(f"{model}: first_k_dense_replace", dense, "an int >= 0", "check config.json")
         fields = common_fields(hf_config, shape, family=family, rope=rope, qk_norm=False)
-        mtp = getattr(hf_config, "num_nextn_predict_layers", 0) or 0
-        if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp not in (0, 1):
-            raise TTUnsupportedFeatureError(
-                f"{model}: num_nextn_predict_layers", mtp, "0 or 1 (one MTP module after the last layer)",
-                "set num_nextn_predict_layers to 1 (the host serves the first MTP module) or 0 in config.json",
-            )
+        mtp = mtp_modules(hf_config, model, "num_nextn_predict_layers")
         return cls(
             **fields | {"num_kv_heads": 1, "head_dim": mla.latent_dim},
             mla=mla,

@@ -183,6 +183,18 @@ def positive_int(hf_config: Any, name: str, model: str) -> int:
     return value
 
 
+def mtp_modules(hf_config: Any, model: str, field: str) -> int:
+    """The MTP modules ``field`` declares (DeepSeek V3's ``num_nextn_predict_layers``, Qwen
+    3.5's ``mtp_num_hidden_layers``): 0 or 1, the host serving one (``frame.mtp``)."""
+    count = getattr(hf_config, field, 0) or 0
+    if isinstance(count, bool) or not isinstance(count, int) or count not in (0, 1):
+        raise TTUnsupportedFeatureError(
+            f"{model}: {field}", count, "0 or 1 (one MTP module after the last layer)",
+            f"set {field} to 1 (the host serves the first MTP module) or 0 in config.json",
+        )
+    return count
+
+
 def refuse_unimplemented(hf_config: Any, model: str, refused: Mapping[str, tuple[str, str]]) -> None:
     """Refuse each field of ``refused`` the config sets (to anything truthy): the family's host
     math does not implement it. ``refused``: field -> (the value the host serves, the fix)."""

@@ -287,6 +287,12 @@ class HostDecoder:
             x = self._decode_layer(index, layer, x, step, page_table, kv, layer_input)
         return self._logits(x)
 
+    def verify_tables(self, tables: Sequence[torch.Tensor], j: int) -> list[torch.Tensor]:
+        """The page tables verify position ``j`` runs with (``frame.verify``): a paged layer's
+        are position-indexed, the same at every position; a family whose layers keep a
+        per-request state overrides it (Qwen 3.5: one state slot per verify position)."""
+        return list(tables)
+
     def _keep_hidden(self, x: torch.Tensor) -> None:
         """With ``keep_hidden`` (an MTP module or EAGLE-3 head drafts from them), the last call's
         final hidden states after the model's norm (what the target hands its MTP module), or

@@ -7,11 +7,12 @@ reading ``[B, 1 + K, hidden]`` back each step only to send it again would cost a
 step). So the target's steps keep their hidden states per slot (``RetainedHidden``) and
 ``mtp_forward`` takes only token ids and returns draft ids: the handoff never leaves the mesh.
 
-The module (DeepSeek V3's ``model.layers.{num_hidden_layers}``) at position ``p`` reads the
-target's hidden ``h_p`` (after the final norm) and the embedding of the token at ``p + 1``,
-RMS-normed apart (``hnorm``, ``enorm``; the embedding zeroed at position 0, as vLLM's
-``deepseek_mtp`` does), joined by ``eh_proj`` and passed through one decoder block with its own
-paged KV; its output, through ``shared_head`` (norm, head), predicts the token at ``p + 2``. A
+The module (DeepSeek V3's ``model.layers.{num_hidden_layers}``, Qwen 3.5's ``mtp.*``) at
+position ``p`` reads the target's hidden ``h_p`` (after the final norm) and the embedding of the
+token at ``p + 1``, RMS-normed apart (``hnorm``, ``enorm``; DeepSeek's embedding zeroed at
+position 0, as vLLM's ``deepseek_mtp`` does), joined by ``eh_proj`` and passed through one
+decoder block of the family's (its ``decode_layer``) with its own paged KV; its output, through
+its norm and head, predicts the token at ``p + 2``. A
 row's first draft comes from the positions the target verified since the last call (their MTP
 KV is rewritten from the true hidden states); each further draft feeds the module its own
 output hidden and its last draft at the next position (vLLM's chained MTP steps).
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from vllm_tt_host.models.frame.checkpoint import LayerWeights
 from vllm_tt_host.models.frame.decoder import DecodeRows
 from vllm_tt_host.models.frame.inputs import check_decode, check_kv
 from vllm_tt_host.models.frame.norms import rms_norm
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MtpModule:
-    """One MTP module's weights, as vLLM's ``deepseek_mtp`` names them under
-    ``model.layers.{index}``."""
+    """One MTP module's weights: vLLM's ``deepseek_mtp`` (``model.layers.{index}``) or
+    ``qwen3_5_mtp`` (``mtp.*``: ``fc``, ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``,
+    ``layers.0``, ``norm``, with the target's LM head)."""
 
     index: int
     """Its decoder block's layer index (``num_hidden_layers``: it follows the last layer)."""
@@ -49,11 +50,15 @@ class MtpModule:
     hnorm: torch.Tensor
     eh_proj: torch.Tensor
     """``[hidden, 2 * hidden]``: over ``[enorm(embedding), hnorm(hidden)]``."""
-    block: LayerWeights
+    block: Any
+    """The family's decoder layer (its ``HostDecoder.decode_layer`` runs it)."""
     norm: torch.Tensor
-    """``shared_head.norm``."""
+    """``shared_head.norm`` (Qwen 3.5: ``mtp.norm``)."""
     head: torch.Tensor
-    """``shared_head.head`` ``[V, hidden]``."""
+    """``shared_head.head`` ``[V, hidden]`` (Qwen 3.5: the target's ``lm_head``)."""
+    embeds_position_zero: bool = False
+    """Whether position 0 reads its token's embedding (Qwen 3.5) or zeros (vLLM's
+    ``deepseek_mtp``)."""
 
 
 class RetainedHidden:
@@ -161,7 +166,9 @@ def _step(model: HostCausalLM, module: MtpModule, tokens: torch.Tensor, position
           hidden: torch.Tensor, table: torch.Tensor, kv_cache: list[LaneKV]) -> torch.Tensor:
     """One token per row through the module (-1: padding row, no KV write): its output hidden."""
     eps = model.config.rms_norm_eps
-    embedded = torch.where((positions == 0)[:, None], 0.0, module.embed[tokens])
+    embedded = module.embed[tokens]
+    if not module.embeds_position_zero:
+        embedded = torch.where((positions == 0)[:, None], 0.0, embedded)
     x = F.linear(torch.cat((rms_norm(embedded, module.enorm, eps), rms_norm(hidden, module.hnorm, eps)), -1),
                  module.eh_proj)
     step = DecodeRows.of(positions, kv_cache, model.lanes.rows_per_lane)

@@ -7,7 +7,9 @@ real (0: a padding row). Every real position writes its KV; positions whose draf
 rejects are overwritten by a later step, exactly as on the device. The host runs the ``1 + K``
 positions as consecutive single-token passes of the decode math inside one program, so each
 position's logits are bitwise those a plain decode step would have produced there (greedy
-outputs cannot drift from serving without speculation); a device runs them as one trace.
+outputs cannot drift from serving without speculation); a device runs them as one trace. A
+layer with a per-request state (Qwen 3.5's delta-nets) keeps the state after every position in
+its own slot (``HostDecoder.verify_tables``), so the next step starts from the accepted one.
 
 With ``sampling_params`` (device-side verification: every row greedy) the program ends in the
 argmax of every position, and only those ``[B, 1 + K]`` token ids are read back.
@@ -103,7 +105,8 @@ def _verify_program(
         if model.synthetic is not None:
             logits = model.synthetic.logits(column, positions)
         else:
-            logits = model.decoder.decode(column, positions, tables, kv_cache, model.lanes.rows_per_lane)
+            logits = model.decoder.decode(column, positions, model.decoder.verify_tables(tables, j), kv_cache,
+                                          model.lanes.rows_per_lane)
             model.retain_decode(positions)
         out[:, j] = logits.argmax(dim=-1) if sampled else logits
     return out

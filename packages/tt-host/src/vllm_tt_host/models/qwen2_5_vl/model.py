@@ -305,7 +305,7 @@ class HostQwenVLModel(HostCausalLM):
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostCausalLM.model_capabilities,
         "supports_async_decode": False,  # decode rotates with the host's positions
-        "supports_verify_decode": False,  # speculative verify steps: not with mRoPE deltas yet
+        "supports_verify_decode": False,  # verify steps over image rows (their rope deltas): not proven yet
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

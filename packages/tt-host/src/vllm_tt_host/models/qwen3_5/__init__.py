@@ -12,7 +12,8 @@ FAMILY = HostFamily(
     },
     tiny=("qwen3_5",),
     capabilities={"TTQwen3_5ForCausalLM": {
-        **decoder_without("single_program_lanes", "supports_verify_decode"),
+        **decoder_without("single_program_lanes"),
         "kv_cache_kinds": ["full_attention", "recurrent_state"],
+        "supports_mtp": True,
     }},
 )

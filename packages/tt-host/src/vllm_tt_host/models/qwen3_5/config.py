@@ -21,6 +21,7 @@ from vllm_tt_host.models.frame.config import (
     DecoderConfig,
     common_fields,
     model_name,
+    mtp_modules,
     positive_int,
 )
 from vllm_tt_host.models.frame.rope_config import read_rope
@@ -71,6 +72,9 @@ class Qwen3_5Config(DecoderConfig):
     delta: GatedDeltaShape = field(kw_only=True)
     rotary_dim: int = field(kw_only=True)
     """Leading dimensions of each head that are rotated (``head_dim * partial_rotary_factor``)."""
+    mtp_layers: int = field(default=0, kw_only=True)
+    """``mtp_num_hidden_layers``: the MTP module after the last layer (``mtp.*``, one gated
+    full-attention layer; ``frame.mtp``, ``method: mtp``); transformers drops its weights."""
 
     def linear(self, layer: int) -> bool:
         return self.layer_kinds[layer] == LINEAR
@@ -115,4 +119,5 @@ class Qwen3_5Config(DecoderConfig):
             layer_kinds=kinds[: shape.num_layers],
             delta=delta,
             rotary_dim=rotary_dim,
+            mtp_layers=0 if n_layers is not None else mtp_modules(hf_config, model, "mtp_num_hidden_layers"),
         )

@@ -9,8 +9,14 @@ row holding the step's two state blocks: entry 0 the state the step starts from,
 the state after the step goes (the same block without prefix caching). With prefix caching on,
 vLLM's ``align`` mode gives each request a state block per ``block_size`` tokens, so the state
 at every block boundary a step ends on stays cached for a later prompt with that prefix (the
-runner picks the two blocks, ``KVGroup.state_blocks``). Speculative verify is not declared (a
-rejected draft would have to be taken back out of the state).
+runner picks the two blocks, ``KVGroup.state_blocks``).
+
+Speculative decoding (prefix caching off: vLLM's ``none`` mode) gives each request ``1 + K``
+state blocks (``num_speculative_blocks``), a ring by position the runner resolves: a verify
+step's row holds the block to read, then one block per position, where the state after that
+position goes (``verify_tables``). A rejected draft thus never reaches the state the next step
+reads: it starts from the block of the last position vLLM kept, as a device keeps one state
+slot per verify position instead of rolling the state back.
 
 What differs from the Llama-style layers: the attention ``q_proj`` gives ``[q | gate]`` per head
 and the output is multiplied by ``sigmoid(gate)`` before ``o_proj``; rope covers the first
@@ -48,6 +54,7 @@ from vllm_tt_host.models.frame.decoder import (
 from vllm_tt_host.models.frame.hybrid_kv import HybridKVCausalLM, layer_name
 from vllm_tt_host.models.frame.inputs import check_kv_shape
 from vllm_tt_host.models.frame.mlp import gated_mlp
+from vllm_tt_host.models.frame.mtp import MtpModule
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.rope import RotaryEmbedding
 from vllm_tt_host.models.frame.shapes import HostModelInputError
@@ -94,11 +101,12 @@ class Qwen3_5Decoder(HostDecoder):
         return load_qwen3_5(folder, config)
 
     def __init__(self, config: Qwen3_5Config, embed: torch.Tensor, layers: tuple[Qwen3_5Layer, ...],
-                 norm: torch.Tensor, lm_head: torch.Tensor) -> None:
+                 norm: torch.Tensor, lm_head: torch.Tensor, mtp: MtpModule | None = None) -> None:
         super().__init__(config, DecoderWeights(embed=embed, layers=(), norm=norm, lm_head=lm_head))
         self.qwen = config
         self.layers = layers
         self.rotary = RotaryEmbedding.of(config.rope, config.rotary_dim)
+        self.mtp = mtp
 
     def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
                         lane_kv: Any, inserts: PrefillInserts | None) -> torch.Tensor:
@@ -128,23 +136,37 @@ class Qwen3_5Decoder(HostDecoder):
                        kv: list[Any], per_layer: torch.Tensor | None = None) -> torch.Tensor:
         """A padding row writes no KV or state; a delta-net row reads entry 0, writes entry 1."""
         for index, layer in enumerate(self.layers):
-            h = self._norm(x, layer.input_norm)
             table = page_tables[index]
-            if isinstance(layer.mixer, GatedDeltaWeights):
-                out = torch.zeros_like(x)
-                for lane, rows in enumerate(step.lanes):
-                    state: RecurrentState = kv[lane][index]
-                    read, write, alive = table[rows, 0].long(), table[rows, 1].long(), step.live[rows]
-                    conv, recurrent = state.read(read, ~alive)
-                    delta, conv, recurrent = self._delta(h[rows][:, None], layer.mixer, conv, recurrent)
-                    state.write(write[alive], conv[alive], recurrent[alive])
-                    out[rows] = delta[:, 0]
-                x = x + out
-            else:
-                x = x + self._attention_decode(h, layer.mixer, [kv[lane][index] for lane in range(len(step.lanes))],
-                                               table, step)
+            if not isinstance(layer.mixer, GatedDeltaWeights):
+                x = self.decode_layer(x, step, index, layer, table, [lane_kv[index] for lane_kv in kv])
+                continue
+            h = self._norm(x, layer.input_norm)
+            out = torch.zeros_like(x)
+            for lane, rows in enumerate(step.lanes):
+                state: RecurrentState = kv[lane][index]
+                read, write, alive = table[rows, 0].long(), table[rows, 1].long(), step.live[rows]
+                conv, recurrent = state.read(read, ~alive)
+                delta, conv, recurrent = self._delta(h[rows][:, None], layer.mixer, conv, recurrent)
+                state.write(write[alive], conv[alive], recurrent[alive])
+                out[rows] = delta[:, 0]
+            x = x + out
             x = x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
         return x
+
+    def decode_layer(self, x: torch.Tensor, step: DecodeRows, index: int, layer: Any, page_table: torch.Tensor,
+                     caches: Sequence[Sequence[torch.Tensor]], layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """One gated full-attention ``Qwen3_5Layer`` of a decode step, its KV ``caches`` one
+        ``[K, V]`` per lane (the MTP module's block runs through here too)."""
+        if not isinstance(layer, Qwen3_5Layer) or not isinstance(layer.mixer, AttentionWeights):
+            raise TypeError(f"decode_layer runs a Qwen 3.5 full-attention layer, got {type(layer).__name__}")
+        h = self._norm(x, layer.input_norm)
+        x = x + self._attention_decode(h, layer.mixer, [list(c) for c in caches], page_table, step)
+        return x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp)
+
+    def verify_tables(self, tables: Sequence[torch.Tensor], j: int) -> list[torch.Tensor]:
+        """A delta-net layer's row at verify position ``j`` reads entry ``j`` (entry 0: the
+        step's start; else where position ``j - 1`` left its state) and writes entry ``j + 1``."""
+        return [table[:, j : j + 2] if self.qwen.linear(i) else table for i, table in enumerate(tables)]
 
     # ---- gated delta-net ---------------------------------------------------------------
 
@@ -241,14 +263,15 @@ class Qwen3_5Decoder(HostDecoder):
 class HostQwen3_5ForCausalLM(HybridKVCausalLM):
     """Qwen 3.5 text (``Qwen3_5ForCausalLM``), float32: delta-net layers over a recurrent state
     (``MambaSpec`` blocks: with prefix caching one per KV block, vLLM's align mode, else one per
-    request) and gated full-attention layers (paged KV)."""
+    request, ``1 + K`` with speculative decoding) and gated full-attention layers (paged KV); its
+    MTP module (``mtp.*``) drafts for ``method: mtp``."""
 
     family: ClassVar[str] = "qwen3_5"
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HybridKVCausalLM.model_capabilities,
         "kv_cache_kinds": ["full_attention", "recurrent_state"],
-        "supports_verify_decode": False,
         "single_program_lanes": False,
+        "supports_mtp": True,
     }
     config_type: ClassVar[type[DecoderConfig]] = Qwen3_5Config
     decoder_type: ClassVar[type[HostDecoder]] = Qwen3_5Decoder
@@ -257,7 +280,8 @@ class HostQwen3_5ForCausalLM(HybridKVCausalLM):
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any]:
         """``FullAttentionSpec`` per attention layer; ``MambaSpec`` per delta-net layer in
         vLLM's cache mode: ``align`` (prefix caching on) a state block per ``mamba_block_size``
-        tokens, ``none`` one block per request spanning ``max_model_len``."""
+        tokens, ``none`` one block per request spanning ``max_model_len``, plus one per draft
+        with speculative decoding (the verify step's state slots)."""
         from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
         config = _qwen(cls.decoder_config(vllm_config.model_config.hf_config))
@@ -266,11 +290,13 @@ class HostQwen3_5ForCausalLM(HybridKVCausalLM):
         full = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=config.num_kv_heads,
                                  head_size=config.head_dim, dtype=dtype)
         align = cache.mamba_cache_mode == "align"
+        spec = getattr(vllm_config, "speculative_config", None)  # absent from bare test configs
         state = MambaSpec(
             block_size=cache.mamba_block_size if align else vllm_config.model_config.max_model_len,
             shapes=(config.delta.conv_state_shape, config.delta.recurrent_state_shape),
             dtypes=(dtype, dtype),
             mamba_cache_mode=cache.mamba_cache_mode,
+            num_speculative_blocks=0 if spec is None else int(spec.num_speculative_tokens),
         )
         return {layer_name(i): state if config.linear(i) else full for i in range(config.num_layers)}
 
@@ -320,46 +346,72 @@ def _qwen(config: DecoderConfig) -> Qwen3_5Config:
 
 def load_qwen3_5(folder: Path, config: Qwen3_5Config, prefix: str = "model.") -> Qwen3_5Decoder:
     """Every tensor of ``config`` from ``folder`` as float32, under transformers' names; the
-    ``1 + w`` norms are folded into their weights here."""
-    get = WeightFolder(folder).tensor
+    ``1 + w`` norms are folded into their weights here. With ``mtp_num_hidden_layers`` the MTP
+    module too, under vLLM's ``qwen3_5_mtp`` names (``mtp.*``), when the checkpoint ships it."""
+    weights = WeightFolder(folder)
+    layers = tuple(_load_layer(weights, config, f"{prefix}layers.{i}.", config.linear(i))
+                   for i in range(config.num_layers))
+    embed = weights.tensor(prefix + "embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings else weights.tensor("lm_head.weight")
+    _check_shapes(folder, config, embed, layers)
+    mtp = _load_mtp(weights, config, embed, lm_head) if config.mtp_layers else None
+    return Qwen3_5Decoder(config, embed, layers, _plus_one(weights, prefix + "norm.weight"), lm_head, mtp)
 
-    def plus_one(name: str) -> torch.Tensor:
-        return 1.0 + get(name)
 
+def _plus_one(weights: WeightFolder, name: str) -> torch.Tensor:
+    return 1.0 + weights.tensor(name)
+
+
+def _load_layer(weights: WeightFolder, config: Qwen3_5Config, p: str, linear: bool) -> Qwen3_5Layer:
+    """The decoder layer under ``p`` (``model.layers.{i}.``, the MTP block's ``mtp.layers.0.``)."""
+    get = weights.tensor
     bias = config.qkv_bias
-    layers = []
-    for i in range(config.num_layers):
-        p = f"{prefix}layers.{i}."
-        mixer: AttentionWeights | GatedDeltaWeights
-        if config.linear(i):
-            d = p + "linear_attn."
-            mixer = GatedDeltaWeights(
-                in_qkv=get(d + "in_proj_qkv.weight"), in_z=get(d + "in_proj_z.weight"),
-                in_b=get(d + "in_proj_b.weight"), in_a=get(d + "in_proj_a.weight"),
-                conv=get(d + "conv1d.weight").squeeze(1), dt_bias=get(d + "dt_bias"),
-                neg_a=-get(d + "A_log").exp(), norm=get(d + "norm.weight"), out=get(d + "out_proj.weight"),
-            )
-        else:
-            a = p + "self_attn."
-            mixer = AttentionWeights(
-                q=get(a + "q_proj.weight"), k=get(a + "k_proj.weight"), v=get(a + "v_proj.weight"),
-                o=get(a + "o_proj.weight"),
-                q_bias=get(a + "q_proj.bias") if bias else None, k_bias=get(a + "k_proj.bias") if bias else None,
-                v_bias=get(a + "v_proj.bias") if bias else None, o_bias=get(a + "o_proj.bias") if bias else None,
-                q_norm=plus_one(a + "q_norm.weight"), k_norm=plus_one(a + "k_norm.weight"),
-            )
-        m = p + "mlp."
-        layers.append(Qwen3_5Layer(
-            input_norm=plus_one(p + "input_layernorm.weight"),
-            mixer=mixer,
-            post_attention_norm=plus_one(p + "post_attention_layernorm.weight"),
-            mlp=MlpWeights(gate=get(m + "gate_proj.weight"), up=get(m + "up_proj.weight"),
-                           down=get(m + "down_proj.weight"), gate_bias=None, up_bias=None, down_bias=None),
-        ))
-    embed = get(prefix + "embed_tokens.weight")
-    lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")
-    _check_shapes(folder, config, embed, tuple(layers))
-    return Qwen3_5Decoder(config, embed, tuple(layers), plus_one(prefix + "norm.weight"), lm_head)
+    mixer: AttentionWeights | GatedDeltaWeights
+    if linear:
+        d = p + "linear_attn."
+        mixer = GatedDeltaWeights(
+            in_qkv=get(d + "in_proj_qkv.weight"), in_z=get(d + "in_proj_z.weight"),
+            in_b=get(d + "in_proj_b.weight"), in_a=get(d + "in_proj_a.weight"),
+            conv=get(d + "conv1d.weight").squeeze(1), dt_bias=get(d + "dt_bias"),
+            neg_a=-get(d + "A_log").exp(), norm=get(d + "norm.weight"), out=get(d + "out_proj.weight"),
+        )
+    else:
+        a = p + "self_attn."
+        mixer = AttentionWeights(
+            q=get(a + "q_proj.weight"), k=get(a + "k_proj.weight"), v=get(a + "v_proj.weight"),
+            o=get(a + "o_proj.weight"),
+            q_bias=get(a + "q_proj.bias") if bias else None, k_bias=get(a + "k_proj.bias") if bias else None,
+            v_bias=get(a + "v_proj.bias") if bias else None, o_bias=get(a + "o_proj.bias") if bias else None,
+            q_norm=_plus_one(weights, a + "q_norm.weight"), k_norm=_plus_one(weights, a + "k_norm.weight"),
+        )
+    m = p + "mlp."
+    return Qwen3_5Layer(
+        input_norm=_plus_one(weights, p + "input_layernorm.weight"),
+        mixer=mixer,
+        post_attention_norm=_plus_one(weights, p + "post_attention_layernorm.weight"),
+        mlp=MlpWeights(gate=get(m + "gate_proj.weight"), up=get(m + "up_proj.weight"),
+                       down=get(m + "down_proj.weight"), gate_bias=None, up_bias=None, down_bias=None),
+    )
+
+
+def _load_mtp(weights: WeightFolder, config: Qwen3_5Config, embed: torch.Tensor,
+              lm_head: torch.Tensor) -> MtpModule | None:
+    """vLLM's ``qwen3_5_mtp``: ``mtp.fc`` over ``[pre_fc_norm_embedding(embedding),
+    pre_fc_norm_hidden(hidden)]``, one full-attention layer ``mtp.layers.0``, ``mtp.norm``; the
+    target's embedding and LM head. None when the checkpoint ships no ``mtp.*`` weights
+    (``method: mtp`` is then refused at startup)."""
+    if "mtp.fc.weight" not in weights:
+        return None
+    module = MtpModule(
+        index=config.num_layers, embed=embed,
+        enorm=_plus_one(weights, "mtp.pre_fc_norm_embedding.weight"),
+        hnorm=_plus_one(weights, "mtp.pre_fc_norm_hidden.weight"), eh_proj=weights.tensor("mtp.fc.weight"),
+        block=_load_layer(weights, config, "mtp.layers.0.", linear=False), norm=_plus_one(weights, "mtp.norm.weight"),
+        head=lm_head, embeds_position_zero=True,
+    )
+    h = config.hidden_size
+    check_shapes({"mtp.fc.weight": (module.eh_proj, (h, 2 * h))}, weights.folder)
+    return module
 
 
 def _check_shapes(folder: Path, config: Qwen3_5Config, embed: torch.Tensor, layers: tuple[Qwen3_5Layer, ...]) -> None:

@@ -74,6 +74,8 @@ class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalL
         # the contract sends an image whole (``disable_chunked_mm_input``).
         "supports_prefix_caching": False,
         "modalities": ("image", "video"),
+        "supports_verify_decode": False,  # verify steps over image rows: not proven yet (as Qwen-VL's)
+        "supports_mtp": False,
     }
     config_type = Qwen3_5VLConfig
     decoder_type = Qwen3_5VLDecoder
