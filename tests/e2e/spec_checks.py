@@ -263,12 +263,15 @@ def accepted_drafts(url: str) -> float:
 
 DRAFTED = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PREEMPTIONS = "vllm:num_preemptions"
 
 
-def assert_greedy_exact_alone_and_concurrent(llm, model_dir: Path, max_new_tokens: int) -> None:
+def assert_greedy_exact_alone_and_concurrent(llm, model_dir: Path, max_new_tokens: int,
+                                             preempts: bool = False) -> None:
     """Greedy outputs of the 24 mixed prompts at once (more than rows and KV blocks: rows queue
-    and are preempted with drafts in flight) equal transformers' target outputs, with drafts
-    accepted and rejected; the last three alone too."""
+    and are preempted with drafts in flight; with ``preempts`` vLLM must have preempted some)
+    equal transformers' target outputs, with drafts accepted and rejected; the last three alone
+    too."""
     from vllm import SamplingParams
 
     from tests.e2e.helpers import assert_greedy_equal
@@ -276,11 +279,13 @@ def assert_greedy_exact_alone_and_concurrent(llm, model_dir: Path, max_new_token
     prompts = mixed_prompts(llm.get_tokenizer().vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
     expected = hf_greedy(model_dir, prompts, max_new_tokens)
-    drafted, accepted = counter(llm, DRAFTED), counter(llm, ACCEPTED)
+    drafted, accepted, preempted = counter(llm, DRAFTED), counter(llm, ACCEPTED), counter(llm, PREEMPTIONS)
     together = generate(llm, prompts, params)
     assert_greedy_equal(prompts, together, expected)
     drafted, accepted = counter(llm, DRAFTED) - drafted, counter(llm, ACCEPTED) - accepted
     assert 0 < accepted < drafted, (drafted, accepted)  # drafts accepted and rejected
+    if preempts:
+        assert counter(llm, PREEMPTIONS) > preempted
     alone = [generate(llm, [p], params)[0] for p in prompts[-3:]]
     assert alone == expected[-3:]
 
@@ -298,7 +303,7 @@ def assert_max_tokens_stop_tokens_and_eos_exact(llm, model_dir: Path, max_new_to
     stop = full[6]
     got = generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=[stop]))
     assert got[0] == full[: full.index(stop) + 1]
-    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace")]
+    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace", "The runner")]
     untils = hf_greedy(model_dir, eos_prompts, 64)
     ended = [(p, full[: full.index(tokenizer.eos_token_id) + 1]) for p, full in zip(eos_prompts, untils, strict=True)
              if tokenizer.eos_token_id in full]

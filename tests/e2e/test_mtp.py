@@ -20,16 +20,17 @@ import json
 
 import pytest
 
-from tests.e2e.helpers import assert_greedy_equal, hf_greedy, offline_llm, repetitive_prompts
-from tests.e2e.spec_checks import assert_keeps_target_distribution, counter, generate, mixed_prompts
+from tests.e2e.helpers import offline_llm, repetitive_prompts
+from tests.e2e.spec_checks import (
+    assert_greedy_exact_alone_and_concurrent,
+    assert_keeps_target_distribution,
+    assert_max_tokens_stop_tokens_and_eos_exact,
+)
 
 pytestmark = pytest.mark.e2e
 
 K = 2
 MAX_NEW_TOKENS = 24
-DRAFTED = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-PREEMPTIONS = "vllm:num_preemptions"
 KV_BLOCKS = {"deepseek_v3": 9, "qwen3_5": 24}
 """Per family, a block pool small enough that rows queue for blocks and some are preempted
 (Qwen 3.5's requests also hold 3 x (1 + K) state blocks)."""
@@ -59,43 +60,15 @@ def engine(request):
 
 
 def test_greedy_equals_transformers_alone_and_24_concurrent(engine):
-    from vllm import SamplingParams
-
     model_dir, llm = engine
-    prompts = mixed_prompts(llm.get_tokenizer().vocab_size)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-    drafted, accepted, preempted = counter(llm, DRAFTED), counter(llm, ACCEPTED), counter(llm, PREEMPTIONS)
-    together = generate(llm, prompts, params)
-    assert_greedy_equal(prompts, together, expected)
-    drafted, accepted = counter(llm, DRAFTED) - drafted, counter(llm, ACCEPTED) - accepted
-    assert 0 < accepted < drafted, (drafted, accepted)  # drafts accepted and rejected
-    assert counter(llm, PREEMPTIONS) > preempted
-    alone = [generate(llm, [p], params)[0] for p in prompts[-3:]]
-    assert alone == expected[-3:]
+    assert_greedy_exact_alone_and_concurrent(llm, model_dir, MAX_NEW_TOKENS, preempts=True)
 
 
 def test_max_tokens_stop_tokens_and_eos_are_exact(engine):
     """Accepted drafts never run past ``max_tokens``, a stop token or EOS (the trained tiny
     model ends corpus-like text with its EOS)."""
-    from vllm import SamplingParams
-
     model_dir, llm = engine
-    tokenizer = llm.get_tokenizer()
-    prompt = mixed_prompts(tokenizer.vocab_size)[10]
-    full = hf_greedy(model_dir, [prompt], MAX_NEW_TOKENS)[0]
-    for n in (1, 2, 5):
-        assert generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0] == full[:n]
-    stop = full[6]
-    got = generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, stop_token_ids=[stop]))
-    assert got[0] == full[: full.index(stop) + 1]
-    eos_prompts = [tokenizer.encode(t) for t in ("The scheduler", "A lane is", "Each trace", "The runner")]
-    untils = hf_greedy(model_dir, eos_prompts, 64)
-    ended = [(p, full[: full.index(tokenizer.eos_token_id) + 1]) for p, full in zip(eos_prompts, untils, strict=True)
-             if tokenizer.eos_token_id in full]
-    assert ended, "precondition: the tiny model ends one of these prompts with EOS within 64 tokens"
-    got = generate(llm, [p for p, _ in ended], SamplingParams(temperature=0.0, max_tokens=64))
-    assert got == [cut for _, cut in ended]
+    assert_max_tokens_stop_tokens_and_eos_exact(llm, model_dir, MAX_NEW_TOKENS)
 
 
 def test_sampled_continuations_keep_the_target_distribution(engine):

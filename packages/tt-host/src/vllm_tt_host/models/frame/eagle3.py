@@ -30,8 +30,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_host.models.frame.checkpoint import DecoderWeights, WeightFolder, load_layer_weights
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import DecodeRows, HostDecoder
-from vllm_tt_host.models.frame.hidden_drafts import DraftCall
-from vllm_tt_host.models.frame.mtp import RetainedHidden
+from vllm_tt_host.models.frame.hidden_drafts import DraftCall, RetainedHidden
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.shapes import HostModelInputError

@@ -26,7 +26,7 @@ from vllm_tt_platform.errors import TTConfigError
 from vllm_tt_platform.faults import DelayPoint
 
 from vllm_tt_host.device import HostMeshDevice
-from vllm_tt_host.models.frame import block_output, mixed, mtp, paged_kv, verify
+from vllm_tt_host.models.frame import block_output, hidden_drafts, mixed, mtp, paged_kv, verify
 from vllm_tt_host.models.frame.checkpoint import resolve_checkpoint_dir
 from vllm_tt_host.models.frame.config import DecoderConfig
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
@@ -117,7 +117,7 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
             cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings,
         ), lanes.count)
         self.synthetic = SyntheticLM(self.config.vocab_size) if self.device.skip_math else None
-        self.retained: mtp.RetainedHidden | None = None
+        self.retained: hidden_drafts.RetainedHidden | None = None
         """The target's hidden states for its MTP module, once ``allocate_mtp_kv_cache`` ran."""
         self.mtp_costs = self.costs.with_layers(1) if self.costs is not None and decoder.mtp is not None else None
         """The MTP module's programs: one decoder block of the target's and its own head."""
@@ -265,7 +265,7 @@ class HostCausalLM(KVBlockCopies, DecodeReader, VllmInspectionSurface):
                 "(and leave tt.host_skip_math off)",
             )
         check_kv_shape(kv_cache_shape, self.config.num_layers, self.config)  # one target layer's shape
-        self.retained = mtp.RetainedHidden()
+        self.retained = hidden_drafts.RetainedHidden()
         self.decoder.keep_hidden = True
         return mtp.allocate_mtp_kv(self, kv_cache_shape)
 

@@ -1,5 +1,6 @@
 """What a drafter that reads the target's kept hidden states is called with, checked, and the
-hidden states it reads: the shared part of the ``eagle3_forward`` call (an MTP-style call).
+hidden states it reads, kept per slot by the target's steps: what ``mtp_forward`` and
+``eagle3_forward`` share.
 
 Row ``r``'s ``tokens[r, :n]`` (``n = num_valid_tokens[r]``, 0: padding) are the tokens at
 positions ``start_pos[r] + 1 .. start_pos[r] + n``, each read with the target's hidden state one
@@ -14,11 +15,43 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vllm_tt_host.models.frame.inputs import check_decode, check_kv
-from vllm_tt_host.models.frame.mtp import RetainedHidden
 from vllm_tt_host.models.frame.shapes import HostModelInputError
 
 if TYPE_CHECKING:
     from vllm_tt_host.models.frame.generator import HostCausalLM
+
+
+class RetainedHidden:
+    """The target's final hidden states per slot, from the positions its steps computed and
+    its MTP module has not read yet (device memory on hardware)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def prefilled(self, slot: int, start: int, hidden: torch.Tensor) -> None:
+        """A prefill (chunk): the next chunk of the row in the slot, else a new row."""
+        first, kept = self._rows.get(slot, (start, hidden[:0]))
+        if first + kept.shape[0] != start:
+            first, kept = start, hidden[:0]
+        self._rows[slot] = (first, torch.cat((kept, hidden)))
+
+    def decoded(self, slot: int, position: int, hidden: torch.Tensor) -> None:
+        """A decode or verify position: it replaces what the slot kept from ``position`` on
+        (positions whose drafts were rejected are computed again)."""
+        first, kept = self._rows.get(slot, (position, hidden[:0]))
+        if not first <= position <= first + kept.shape[0]:
+            first, kept = position, hidden[:0]
+        self._rows[slot] = (first, torch.cat((kept[: position - first], hidden[None])))
+
+    def take(self, slot: int, start: int, count: int) -> tuple[int, torch.Tensor]:
+        """The kept hidden states of positions ``[start, start + count)`` from the first one
+        kept (``(offset, [m, hidden])``: ``m`` may be short of ``count - offset`` when a row's
+        prefix came from the prefix cache); the slot keeps only what follows them."""
+        first, kept = self._rows.get(slot, (start, torch.zeros(0)))
+        lo, hi = max(start, first), start + count
+        taken = kept[lo - first : max(hi - first, 0)]
+        self._rows[slot] = (max(hi, first), kept[max(hi - first, 0) :])
+        return lo - start, taken
 
 
 @dataclass(frozen=True)

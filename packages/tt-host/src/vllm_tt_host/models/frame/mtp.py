@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_tt_host.models.frame.decoder import DecodeRows
-from vllm_tt_host.models.frame.inputs import check_decode, check_kv
+from vllm_tt_host.models.frame.hidden_drafts import DraftCall
 from vllm_tt_host.models.frame.norms import rms_norm
 from vllm_tt_host.models.frame.paged_kv import LaneKV
 from vllm_tt_host.models.frame.shapes import HostModelInputError
@@ -61,39 +61,6 @@ class MtpModule:
     ``deepseek_mtp``)."""
 
 
-class RetainedHidden:
-    """The target's final hidden states per slot, from the positions its steps computed and
-    its MTP module has not read yet (device memory on hardware)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[int, tuple[int, torch.Tensor]] = {}
-
-    def prefilled(self, slot: int, start: int, hidden: torch.Tensor) -> None:
-        """A prefill (chunk): the next chunk of the row in the slot, else a new row."""
-        first, kept = self._rows.get(slot, (start, hidden[:0]))
-        if first + kept.shape[0] != start:
-            first, kept = start, hidden[:0]
-        self._rows[slot] = (first, torch.cat((kept, hidden)))
-
-    def decoded(self, slot: int, position: int, hidden: torch.Tensor) -> None:
-        """A decode or verify position: it replaces what the slot kept from ``position`` on
-        (positions whose drafts were rejected are computed again)."""
-        first, kept = self._rows.get(slot, (position, hidden[:0]))
-        if not first <= position <= first + kept.shape[0]:
-            first, kept = position, hidden[:0]
-        self._rows[slot] = (first, torch.cat((kept[: position - first], hidden[None])))
-
-    def take(self, slot: int, start: int, count: int) -> tuple[int, torch.Tensor]:
-        """The kept hidden states of positions ``[start, start + count)`` from the first one
-        kept (``(offset, [m, hidden])``: ``m`` may be short of ``count - offset`` when a row's
-        prefix came from the prefix cache); the slot keeps only what follows them."""
-        first, kept = self._rows.get(slot, (start, torch.zeros(0)))
-        lo, hi = max(start, first), start + count
-        taken = kept[lo - first : max(hi - first, 0)]
-        self._rows[slot] = (max(hi, first), kept[max(hi - first, 0) :])
-        return lo - start, taken
-
-
 def mtp_forward(
     model: HostCausalLM, tokens: Any, start_pos: Any, num_valid_tokens: Any, page_table: Any, kv_cache: Any,
     num_drafts: int,
@@ -104,48 +71,20 @@ def mtp_forward(
     module = model.decoder.mtp
     if module is None:
         raise HostModelInputError(f"{type(model).__name__}: the checkpoint has no MTP module")
-    tokens = torch.as_tensor(tokens).long()
-    start = torch.as_tensor(start_pos).reshape(-1).long()
-    valid = torch.as_tensor(num_valid_tokens).reshape(-1).long()
-    if tokens.dim() != 2 or valid.shape != start.shape or tokens.shape[0] != start.shape[0]:
-        raise HostModelInputError(
-            f"mtp_forward takes tokens [rows, W] with one start_pos and num_valid_tokens per row; got "
-            f"{tuple(tokens.shape)}, {tuple(start.shape)}, {tuple(valid.shape)}"
-        )
-    if num_drafts < 1 or bool((valid < 0).any()) or bool((valid > tokens.shape[1]).any()):
-        raise HostModelInputError(f"mtp_forward: num_drafts {num_drafts} < 1 or num_valid_tokens "
-                                  f"{valid.tolist()} outside [0, {tokens.shape[1]}]")
-    check_kv(kv_cache, model.lanes)
-    table = torch.as_tensor(page_table)
-    last = torch.where(valid > 0, start + valid - 1 + num_drafts - 1, -1)
-    check_decode(tokens[:, 0], last, [table], kv_cache, model.lanes, model.max_seq_len)
-    duration = 0.0
-    if model.mtp_costs is not None:  # the catch-up as one verify-shaped pass, then one pass per draft
-        live = torch.where(valid > 0, start, -1)
-        duration = model.lanes.verify_s(model.mtp_costs, live, valid)
-        duration += (num_drafts - 1) * model.lanes.decode_s(model.mtp_costs, last)
-    program = functools.partial(_mtp_program, model, module, tokens, start, valid, table, kv_cache, num_drafts)
+    call = DraftCall.check(model, "mtp_forward", tokens, start_pos, num_valid_tokens, page_table, kv_cache,
+                           num_drafts)
+    duration = call.duration_s(model, model.mtp_costs) if model.mtp_costs is not None else 0.0
+    program = functools.partial(_mtp_program, model, module, call, kv_cache)
     return model.queue.submit(program, duration).result()
 
 
-def _mtp_program(
-    model: HostCausalLM, module: MtpModule, tokens: torch.Tensor, start: torch.Tensor, valid: torch.Tensor,
-    table: torch.Tensor, kv_cache: list[LaneKV], num_drafts: int,
-) -> torch.Tensor:
+def _mtp_program(model: HostCausalLM, module: MtpModule, call: DraftCall, kv_cache: list[LaneKV]) -> torch.Tensor:
     retained = model.retained
     if retained is None:
         raise HostModelInputError("mtp_forward before allocate_mtp_kv_cache: no hidden states were kept")
+    tokens, start, table, num_drafts = call.tokens, call.start, call.table, call.num_drafts
     rows, hidden_size = tokens.shape[0], model.config.hidden_size
-    valid = valid.clone()  # rows without kept hidden states draft nothing
-    hidden = torch.zeros(rows, tokens.shape[1], hidden_size)
-    first = torch.zeros(rows, dtype=torch.long)
-    for r in (valid > 0).nonzero().flatten().tolist():
-        offset, kept = retained.take(r, int(start[r]), int(valid[r]))
-        if kept.shape[0] < int(valid[r]) - offset:  # the target never computed them: no drafts
-            valid[r] = 0
-            continue
-        hidden[r, offset : offset + kept.shape[0]] = kept
-        first[r] = offset
+    hidden, first, valid = call.kept_hidden(retained, hidden_size)  # rows without kept states draft nothing
     drafts = torch.full((rows, num_drafts), -1, dtype=torch.long)
     out = torch.zeros(rows, hidden_size)
     for j in range(int(valid.max()) if valid.numel() else 0):  # catch-up: one position per pass
