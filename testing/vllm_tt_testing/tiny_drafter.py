@@ -18,6 +18,19 @@ _LAYER = re.compile(r"\.layers\.(\d+)\.")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 
 
+def start_derived(target: Path, out: Path, stamp: Path, recipe: dict[str, object]) -> bool:
+    """Begin a checkpoint derived from ``target`` in ``out``: False when ``stamp`` already
+    records ``recipe`` (built), else the folder made and the target's tokenizer and side files
+    copied (not its weights or config, which the builder writes)."""
+    if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    for path in target.iterdir():
+        if path.is_file() and path.name not in ("model.safetensors", "config.json") and not path.name.startswith("."):
+            shutil.copy2(path, out / path.name)
+    return True
+
+
 def build_drafter(target: Path, out: Path, num_hidden_layers: int, vocab_size: int | None = None) -> Path:
     """Write the first ``num_hidden_layers`` layers of ``target`` into ``out`` (idempotent);
     ``vocab_size`` keeps only the first ids of the embeddings and head (a drafter of another
@@ -25,13 +38,8 @@ def build_drafter(target: Path, out: Path, num_hidden_layers: int, vocab_size: i
     from safetensors.torch import load_file, save_file
 
     recipe = {"target": target.name, "num_hidden_layers": num_hidden_layers, "vocab_size": vocab_size}
-    stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+    if not start_derived(target, out, out / STAMP, recipe):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    for path in target.iterdir():
-        if path.is_file() and path.name not in ("model.safetensors", "config.json") and not path.name.startswith("."):
-            shutil.copy2(path, out / path.name)
     config = json.loads((target / "config.json").read_text())
     if num_hidden_layers >= config["num_hidden_layers"]:
         raise ValueError(f"num_hidden_layers={num_hidden_layers}: a drafter must have fewer layers than its "
@@ -49,5 +57,5 @@ def build_drafter(target: Path, out: Path, num_hidden_layers: int, vocab_size: i
     if vocab_size is not None:
         kept = {name: t[:vocab_size].clone() if name.endswith(_VOCAB_ROWS) else t for name, t in kept.items()}
     save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
-    stamp.write_text(json.dumps(recipe) + "\n")
+    (out / STAMP).write_text(json.dumps(recipe) + "\n")
     return out

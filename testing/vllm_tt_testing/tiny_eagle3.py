@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
+
+from vllm_tt_testing.tiny_drafter import start_derived
 
 STAMP = ".vllm-tt-eagle3.json"
 AUX_LAYER_IDS = (0, 1, 2)
@@ -186,12 +187,8 @@ def build_eagle3_head(target: Path, out: Path, train_steps: int, seed: int = 0) 
 
     recipe = {"target": target.name, "train_steps": train_steps, "seed": seed}
     stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+    if not start_derived(target, out, stamp, recipe):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    for path in target.iterdir():
-        if path.is_file() and path.name not in ("model.safetensors", "config.json") and not path.name.startswith("."):
-            shutil.copy2(path, out / path.name)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vllm_tt_testing.tiny_drafter import start_derived
 
 STAMP = ".vllm-tt-mtp.json"
 TRAIN_SEQ_LEN = 48
@@ -209,12 +210,8 @@ def build_mtp_checkpoint(target: Path, out: Path, train_steps: int, seed: int = 
 
     recipe = {"target": target.name, "train_steps": train_steps, "seed": seed}
     stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+    if not start_derived(target, out, stamp, recipe):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    for path in target.iterdir():
-        if path.is_file() and path.name not in ("model.safetensors", "config.json") and not path.name.startswith("."):
-            shutil.copy2(path, out / path.name)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     for p in model.parameters():
         p.requires_grad_(False)
