@@ -19,7 +19,11 @@ import json
 import pytest
 
 from tests.e2e.helpers import serve
-from tests.e2e.spec_checks import assert_served_streaming_equals_plain, assert_stop_strings_exact, mixed_prompts
+from tests.e2e.spec_checks import (
+    assert_served_streaming_equals_plain,
+    assert_stop_strings_exact,
+    mixed_prompts,
+)
 
 pytestmark = pytest.mark.e2e
 
