@@ -99,15 +99,27 @@ def _build(out: Path, arch: str, recipe: dict[str, Any]) -> Path:
         initializer_range=recipe["init_std"],
     )
     config.num_labels = recipe.get("labels", 2)
+    if xlmr:  # as bge-m3's config.json: vLLM's XLMRobertaModel config hook reads it, transformers 5 dropped it
+        config.position_embedding_type = "absolute"
     torch.manual_seed(recipe["seed"])
     model_cls = getattr(transformers, arch)
-    model = (model_cls(config, add_pooling_layer=False) if arch == "BertModel" else model_cls(config)).eval()
+    encoder = arch in ("BertModel", "XLMRobertaModel")  # embedding checkpoints: no pooler head
+    model = (model_cls(config, add_pooling_layer=False) if encoder else model_cls(config)).eval()
     return save(out, model, tokenizer, STAMP, recipe)
 
 
 def tiny_bert() -> Path:
     """The cached tiny BERT embedding checkpoint folder (``BertModel``)."""
     return cached("tiny-bert", lambda out: _build(out, "BertModel", RECIPE), RECIPE)
+
+
+XLMR_RECIPE: dict[str, Any] = {**RECIPE, "arch": "XLMRobertaModel", "seed": 3}
+"""bge-m3's dense-vector encoder shape at tiny size."""
+
+
+def tiny_xlmr() -> Path:
+    """The cached tiny XLM-R embedding checkpoint folder (``XLMRobertaModel``)."""
+    return cached("tiny-xlmr", lambda out: _build(out, "XLMRobertaModel", XLMR_RECIPE), XLMR_RECIPE)
 
 
 CROSS_ENCODER_RECIPE: dict[str, Any] = {**RECIPE, "labels": 1, "seed": 1}

@@ -3,7 +3,7 @@ with vLLM's pooler config asking for MEAN pooling (the serve test covers the mod
 CLS): vectors equal transformers' for 16 inputs of 4 to 126 tokens, alone and batched, with the
 default shapes (up to --max-model-len); ``.score()`` (vLLM's bi-encoder score: the cosine of
 the two vectors) equals the cosine of transformers' vectors, in the same ranking; a generation
-call is refused by name."""
+call is refused by name; an XLM-R embedding checkpoint embeds as transformers' does."""
 
 from __future__ import annotations
 
@@ -74,3 +74,16 @@ def test_score_is_the_cosine_of_transformers_vectors(llm, checkpoint, texts):
 def test_generate_is_refused(llm):
     with pytest.raises(ValueError, match="pooling model|generat"):
         llm.generate(["hello"])
+
+
+def test_an_xlmr_encoder_embeds_as_transformers():
+    """An XLM-R embedding checkpoint (bge-m3's dense vectors at tiny size: XLM-R positions from
+    ``pad_token_id + 1``, one token type), with the architecture's default CLS pooling, for 16
+    inputs (shorter ones: XLM-R's tokenizer cuts them finer)."""
+    from vllm_tt_testing.tiny_bert import tiny_xlmr
+
+    checkpoint, texts = tiny_xlmr(), inputs_of_lengths(16, growth=3)
+    llm = offline_llm(model=str(checkpoint), runner="pooling", max_model_len=128, seed=0,
+                      additional_config={"tt": {"mesh_backend": "host"}})
+    cosines = _cosines(llm.embed(texts), hf_embeddings(checkpoint, texts))
+    assert min(cosines) >= COSINE, cosines
