@@ -181,9 +181,9 @@ _MODULE_OF = {
 def build_eagle3_head(target: Path, out: Path, train_steps: int, seed: int = 0) -> Path:
     """A trained EAGLE-3 head for ``target`` (the tiny Llama) in ``out`` (idempotent)."""
     import torch
+    import vllm_tt_host.tiny as tiny
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, LlamaConfig
-    from vllm_tt_host.tiny import EOS, build_tokenizer, corpus_text
 
     recipe = {"target": target.name, "train_steps": train_steps, "seed": seed}
     stamp = out / STAMP
@@ -192,11 +192,7 @@ def build_eagle3_head(target: Path, out: Path, train_steps: int, seed: int = 0) 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    tokenizer = build_tokenizer()
-    ids: list[int] = []
-    for paragraph in (p.strip() for p in corpus_text().split("\n\n") if p.strip()):
-        ids += [*tokenizer.encode(paragraph).ids, tokenizer.token_to_id(EOS)]
-    stream = torch.tensor(ids)
+    stream = tiny._corpus_ids(tiny.build_tokenizer())
     # The draft vocabulary: the corpus's most frequent tokens (EAGLE-3 keeps the frequent ids).
     counts = torch.bincount(stream, minlength=model.config.vocab_size)
     draft_ids = counts.topk(DRAFT_VOCAB).indices.sort().values

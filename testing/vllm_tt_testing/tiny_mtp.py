@@ -204,9 +204,9 @@ def cached_qwen3_5_mtp(train_steps: int = 150) -> Path:
 def build_mtp_checkpoint(target: Path, out: Path, train_steps: int, seed: int = 0) -> Path:
     """``target`` plus a trained MTP module in ``out`` (idempotent)."""
     import torch
+    import vllm_tt_host.tiny as tiny
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
-    from vllm_tt_host.tiny import EOS, build_tokenizer, corpus_text
 
     recipe = {"target": target.name, "train_steps": train_steps, "seed": seed}
     stamp = out / STAMP
@@ -216,11 +216,7 @@ def build_mtp_checkpoint(target: Path, out: Path, train_steps: int, seed: int = 
     for p in model.parameters():
         p.requires_grad_(False)
     index = model.config.num_hidden_layers
-    tokenizer = build_tokenizer()
-    ids: list[int] = []
-    for paragraph in (p.strip() for p in corpus_text().split("\n\n") if p.strip()):
-        ids += [*tokenizer.encode(paragraph).ids, tokenizer.token_to_id(EOS)]
-    stream = torch.tensor(ids)
+    stream = tiny._corpus_ids(tiny.build_tokenizer())
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         head = MtpHead(model, index)

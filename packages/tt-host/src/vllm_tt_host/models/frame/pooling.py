@@ -41,7 +41,6 @@ class DecoderPooling:
 
     decoder: Any
     config: Any
-    device: HostMeshDevice
     lanes: LaneLayout
     max_seq_len: int
     costs: Any
