@@ -199,3 +199,26 @@ def test_bad_image_inputs_are_refused_before_any_kv_is_written(model):
         run.prefill([(0, len(ids))], cross_page_table=table[:, :4], **one)
     assert all(not t.any() for layer in run.kv[0] for t in layer)
 
+
+
+def test_a_zero_padded_cross_row_short_of_blocks_is_refused_in_prefill_and_decode(model):
+    """A row of the full padded width whose allocation lacks a block (a 0 where a key block
+    belongs: padding or the null block) is refused, not read into block 0."""
+    run = driver(model)
+    ids, pictures = prompt(12, [2, 3]), images(13, [2])
+    run.add(0, ids)
+    kwargs = {k: [list(v)] for k, v in pictures.items()}
+    table = cross_table(run, [(0, KEYS_PER_IMAGE)], 1)
+    blocks = math.ceil(KEYS_PER_IMAGE / BLOCK)
+    short = table.clone()
+    short[0, blocks - 1] = 0
+    with pytest.raises(HostModelInputError, match=f"prefill row 0: {KEYS_PER_IMAGE} vision keys need {blocks} "
+                                                  f"cross blocks, its cross_page_table row has {blocks - 1}"):
+        run.prefill([(0, len(ids))], cross_page_table=short, **kwargs)
+    run.prefill([(0, len(ids))], cross_page_table=table, **kwargs)
+    decode_short = torch.zeros(model.max_batch_size, WIDTH, dtype=torch.int32)
+    decode_short[0] = short[0]
+    with pytest.raises(HostModelInputError, match=f"decode row 0: {KEYS_PER_IMAGE} vision keys need {blocks} "
+                                                  f"cross blocks, its cross_page_table row has {blocks - 1}"):
+        run.decode(1, cross_page_table=decode_short)
+    assert run.null_block_untouched()

@@ -137,12 +137,7 @@ class MllamaDecoder(HostDecoder):
         tile_mask = _stack(images["aspect_ratio_mask"], "aspect_ratio_mask", row).reshape(pixels.shape[0], -1)
         visible = cross_visibility(ids, [int(m) for m in tile_mask.sum(-1).tolist()], self.config.image_token_id,
                                    vision.max_num_tiles, vision.patches, row)
-        size = paged_kv.block_size(lane_kv)
-        blocks = math.ceil(visible.shape[1] / size)
-        if cross_row.shape[0] < blocks:
-            raise HostModelInputError(f"prefill row {row}: {visible.shape[1]} vision keys need {blocks} cross "
-                                      f"blocks, its cross_page_table row has {cross_row.shape[0]}")
-        _check_cross_pages(cross_row[:blocks], f"row {row}", lane_kv)
+        _check_cross_pages(cross_row, visible.shape[1], f"prefill row {row}", lane_kv)
         states = self.tower(pixels, ratio_ids, tile_mask)
         empty = torch.zeros(0, dtype=torch.long)
         return CrossInserts(index=empty, vectors=torch.zeros(0, self.config.hidden_size),
@@ -241,7 +236,15 @@ def _stack(value: Any, name: str, row: int) -> torch.Tensor:
     return torch.as_tensor(value)
 
 
-def _check_cross_pages(pages: torch.Tensor, where: str, lane_kv: LaneKV) -> None:
+def _check_cross_pages(cross_row: torch.Tensor, keys: int, where: str, lane_kv: LaneKV) -> None:
+    """The row's first blocks hold all ``keys`` vision keys, inside the lane's pool. The runner
+    zero-pads table rows and block 0 is vLLM's null block in every lane, so a 0 among them is a
+    block the allocation does not have (the padded width alone would let the keys spill into it)."""
+    blocks = math.ceil(keys / paged_kv.block_size(lane_kv))
+    pages = cross_row[:blocks]
+    if int((pages != 0).sum()) < blocks:
+        raise HostModelInputError(f"{where}: {keys} vision keys need {blocks} cross blocks, its cross_page_table "
+                                  f"row has {int((cross_row != 0).sum())}: {cross_row.tolist()}")
     count = paged_kv.num_blocks(lane_kv)
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= count):
         raise HostModelInputError(f"cross_page_table ({where}) points outside the {count} KV blocks: {pages.tolist()}")
@@ -367,15 +370,10 @@ class HostMllamaForConditionalGeneration(HostCausalLM):
             raise HostModelInputError(f"decode rows {needs} have images but the call has no cross_page_table")
         if cross is not None:
             table = _cross_rows(cross, self.max_batch_size)
-            size = paged_kv.block_size(kv_cache[0])
             for r in needs:
                 seen = self.decoder.slot_visible[r]
                 assert seen is not None
-                blocks = math.ceil(seen.shape[0] / size)
-                if table.shape[1] < blocks:
-                    raise HostModelInputError(f"decode row {r} needs {blocks} cross blocks, cross_page_table has "
-                                              f"{table.shape[1]}")
-                _check_cross_pages(table[r, :blocks], f"row {r}", kv_cache[self.lanes.lane_of(r)])
+                _check_cross_pages(table[r], seen.shape[0], f"decode row {r}", kv_cache[self.lanes.lane_of(r)])
             self.decoder.cross_tables = table
         return super().decode_forward(tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
                                       sampling_params, prompt_tokens, output_tokens, reset_batch, **kwargs)
