@@ -86,6 +86,13 @@ class ContractDriver:
         self.windows = list(windows) if windows is not None else None
         keys = next(layer[0] for layer in kv[0] if not isinstance(layer, RecurrentState))
         self.num_blocks, self.block = keys.shape[0], keys.shape[2]
+        self.group_block: dict[Group, int] = {
+            window: layer[0].shape[2]
+            for window, layer in zip(self.windows or [None], kv[0], strict=False)
+            if not isinstance(layer, RecurrentState)
+        }
+        """Each paged group's block size, read from its layers' caches (vLLM may give full and
+        sliding groups different ones at one page size); ``block`` is the first layer's."""
         self.width = width
         self.spoil_with, self.recycle, self.free_outside_window = spoil, recycle, free_outside_window
         self.states = KVGroup(0, (), self.block, None, recurrent=True, state_boundaries=state_boundaries,
@@ -151,10 +158,11 @@ class ContractDriver:
         if prefix_of is not None:
             start = cached_blocks * self.block
             for window, source in self.seqs[prefix_of].tables.items():
-                first = max(0, start - window + 1) // self.block if isinstance(window, int) else 0
+                size = self.group_block.get(window, self.block)
+                first = max(0, start - window + 1) // size if isinstance(window, int) else 0
                 if window == RECURRENT:
                     first = cached_blocks - 1
-                tables[window] = [0] * first + source[first:cached_blocks]
+                tables[window] = [0] * first + source[first : start // size]
         self.seqs[slot] = Seq(prompt, tables, computed=cached_blocks * self.block)
 
     def _prepare(self, slot: int, computed: int, length: int) -> None:
@@ -170,8 +178,9 @@ class ContractDriver:
                     if not table[last]:
                         table[last] = self.free[lane].pop()
                 continue  # else its one state block, taken at admission
+            size = self.group_block[window]
             if isinstance(window, int) and self.free_outside_window:
-                for j in range(max(0, computed - window + 1) // self.block):
+                for j in range(max(0, computed - window + 1) // size):
                     if table[j]:
                         if self.spoil_with is not None:
                             self.spoil(lane, table[j])
@@ -179,7 +188,7 @@ class ContractDriver:
                             self.free[lane].insert(0, table[j])
                         table[j] = 0
                         self.freed += 1
-            while len(table) * self.block < length:
+            while len(table) * size < length:
                 table.append(self.free[lane].pop())
 
     def page_tables(self, slots: list[int | None], width: int) -> list[torch.Tensor]:

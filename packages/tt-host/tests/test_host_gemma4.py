@@ -55,18 +55,20 @@ VARIANTS = ("", "e_", "moe_")
 """Fixture prefixes of the two tiny models the parity tests run on."""
 
 
-def per_layer_specs(config: Gemma4Config, blocks: int = NUM_BLOCKS) -> list[tuple[tuple[int, ...], torch.dtype, int]]:
-    """What the runner passes: each layer's own shape; a KV-shared layer its source's slot."""
+def per_layer_specs(config: Gemma4Config, blocks: int = NUM_BLOCKS, full_block: int = BLOCK,
+                    storage: dict[int, int] = STORAGE_OF_OWNER) -> list[tuple[tuple[int, ...], torch.dtype, int]]:
+    """What the runner passes: each layer's own shape (a full layer's blocks ``full_block``
+    tokens long); a KV-shared layer its source's slot."""
     return [
-        ((blocks, config.kv_heads_of(i), BLOCK, config.head_dim_of(i)), torch.float32,
-         STORAGE_OF_OWNER[config.kv_source(i)])
+        ((blocks, config.kv_heads_of(i), BLOCK if config.window(i) else full_block, config.head_dim_of(i)),
+         torch.float32, storage[config.kv_source(i)])
         for i in range(config.num_layers)
     ]
 
 
-def hybrid(model: HostGemma4ForCausalLM, seed: int = 0) -> ContractDriver:
+def hybrid(model: HostGemma4ForCausalLM, seed: int = 0, **specs) -> ContractDriver:
     cfg = model.config
-    kv = model.allocate_kv_cache_per_layer(per_layer_specs(cfg))
+    kv = model.allocate_kv_cache_per_layer(per_layer_specs(cfg, **specs))
     windows = [cfg.window(i) for i in range(cfg.num_layers)]
     return ContractDriver(model, kv, windows, width=WIDTH, seed=seed, spoil="nan")
 
@@ -171,6 +173,29 @@ def test_decode_through_per_layer_page_tables_matches_generate(request, variant)
     worst = max(assert_matches_hf(hf, runner.seqs[slot]) for slot in (0, 2, 3))
     assert runner.null_block_untouched()
     print(f"gemma4 {variant or 'text_'}decode parity: max |logit diff| {worst:.2e}")
+
+
+def test_full_and_sliding_layers_of_different_block_sizes_match_generate(model, hf):
+    """Mixed page sizes: the full layers' blocks hold twice the sliding layers' tokens (vLLM
+    grows the block size of the smaller-page group until the pages agree; here each group has
+    storage of its own). Each layer locates, gathers and windows with its own block size: every
+    prompt position, chunked prefill across both sizes' block edges, then decode, equal HF."""
+    own_slots = {0: 0, 1: 1, 2: 3, 3: 2}
+    prompt = prompts(0, 230)[0]
+    full = hybrid(model, full_block=2 * BLOCK, storage=own_slots)
+    assert full.group_block == {32: BLOCK, None: 2 * BLOCK}
+    assert_every_position_matches(full.prompt_logits(prompt), hf_all_logits(hf, prompt))
+    runner = hybrid(model, seed=1, full_block=2 * BLOCK, storage=own_slots)
+    short, long = prompts(2, 20, 140)
+    runner.add(0, short)
+    runner.add(3, long)
+    runner.prefill([(0, 20), (3, 40)])  # 40: inside a full block, past a sliding one
+    runner.prefill([(3, 140)])
+    runner.decode(12)
+    assert len(runner.seqs[3].tables[None]) == 5 and len(runner.seqs[3].tables[32]) == 10
+    worst = max(assert_matches_hf(hf, runner.seqs[slot]) for slot in (0, 3))
+    assert runner.null_block_untouched()
+    print(f"gemma4 mixed block sizes decode parity: max |logit diff| {worst:.2e}")
 
 
 def test_shared_layers_get_their_sources_storage(model):

@@ -577,6 +577,7 @@ def test_kv_shared_layers_get_their_targets_storage_and_tables_under_preemption(
     assert layout is not None
     assert [g.layers for g in layout.groups] == [(0, 2), (1, 3)]
     assert "layer 2 reads layer 0's KV; layer 3 reads layer 1's KV" in layout.describe()
+    assert layout.block_tokens() == str(layout.groups[0].block_size)  # one size: one number
     for call in engine.model.calls:
         tables = call.kwargs["page_tables_per_layer"]
         assert tables[2] is tables[0] and tables[3] is tables[1], call.kind

@@ -34,6 +34,7 @@ ARCHITECTURES: dict[str, str] = {
     "gemma4": "Gemma4ForCausalLM",
     "gemma4_e": "Gemma4ForCausalLM",
     "gemma4_moe": "Gemma4ForCausalLM",
+    "gemma4_pages": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
@@ -158,6 +159,10 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
     # 4 experts (top-2, 64 wide) beside its dense MLP.
     "gemma4_moe": {**_GEMMA4, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
                    "moe_intermediate_size": 64},
+    # Gemma 4 with mixed page sizes (as the real checkpoints have): two full-attention KV heads,
+    # 128 values per token against the sliding layers' 64, so vLLM doubles the sliding layers'
+    # block size to make every page as large.
+    "gemma4_pages": {**_GEMMA4, "num_global_key_value_heads": 2},
     # GPT-OSS shape: a sliding layer then a full one (window 32 < TRAIN_SEQ_LEN, so training
     # uses the window), 4 experts routed top-2, YaRN with the real model's betas and no
     # truncation (its ramp falls inside the head), attention sinks and biases, float32.
@@ -310,7 +315,8 @@ def build_config(arch: str, vocab_size: int, special_ids: dict[str, int]) -> Any
 
     model_type = {
         "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-        "gemma4": "gemma4_text", "gemma4_e": "gemma4_text", "gemma4_moe": "gemma4_text", "gpt_oss": "gpt_oss",
+        "gemma4": "gemma4_text", "gemma4_e": "gemma4_text", "gemma4_moe": "gemma4_text",
+        "gemma4_pages": "gemma4_text", "gpt_oss": "gpt_oss",
         "deepseek_v3": "deepseek_v3", "qwen3_5": "qwen3_5_text",
     }[arch]
     config = AutoConfig.for_model(

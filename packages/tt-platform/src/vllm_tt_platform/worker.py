@@ -118,14 +118,14 @@ class TTWorker(WorkerBase):
             return
         logger.info(
             "TT backend: %s backend (%s), %s; model %s from %s; sampling %s; trace_mode=%s; "
-            "speculation %s; warmup %.1fs; KV %s blocks/lane of %d tokens; options: %s",
+            "speculation %s; warmup %.1fs; KV %s blocks/lane of %s tokens; options: %s",
             s.config.mesh_backend, s.config.origin("mesh_backend"), s.topology.describe(), s.model.arch,
             s.model.source,
             f"on device ({s.config.sample_on_device_mode}) with per-batch host fallback"
             if s.config.sample_on_device_mode else "host (vLLM sampler)",
             s.config.trace_mode,
             self.runner.describe_speculation(),
-            warmup_s, self.runner.num_blocks, self.runner.block_size,
+            warmup_s, self.runner.num_blocks, self.runner.block_tokens(),
             s.config.summary(),
         )
 

@@ -143,8 +143,8 @@ class RunnerKV:
         declared = self.declares_spec(model_cls)
         self.layout = layout if declared else None
         logger.info(
-            "TT KV cache: %d blocks/lane of %d tokens; groups: %s; %s", config.num_blocks,
-            layout.groups[0].block_size, layout.describe(),
+            "TT KV cache: %d blocks/lane of %s tokens; groups: %s; %s", config.num_blocks,
+            layout.block_tokens(), layout.describe(),
             "page_tables_per_layer on every call" if declared else "one page table",
         )
         per_layer = getattr(model, "allocate_kv_cache_per_layer", None)

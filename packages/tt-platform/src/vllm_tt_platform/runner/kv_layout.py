@@ -218,6 +218,18 @@ class KVLayout:
     def per_layer_specs(self) -> list[LayerKVSpec]:
         return [(layer.shape, layer.dtype, layer.tensor_idx) for layer in self.layers]
 
+    def block_tokens(self) -> str:
+        """Tokens per block of the token-holding groups: one size, or each size with the kinds
+        that have it (vLLM grows the block size of smaller-page groups until every page holds
+        as many bytes: Gemma 4's sliding groups next to its wider full ones)."""
+        kinds: dict[int, list[str]] = {}
+        for group in self.groups:
+            if not group.recurrent:
+                kinds.setdefault(group.block_size, []).append(group.kind)
+        if len(kinds) == 1:
+            return str(next(iter(kinds)))
+        return ", ".join(f"{size} ({'/'.join(dict.fromkeys(names))})" for size, names in sorted(kinds.items()))
+
     def describe(self) -> str:
         reads = [f"layer {layer} reads layer {target}'s KV" for layer, target in sorted(self.shared.items())]
         return "; ".join([group.describe() for group in self.groups] + reads)

@@ -183,6 +183,11 @@ class TTModelRunner:
             raise _not_run("initialize_kv_cache", "KV cache")
         return self._num_blocks
 
+    def block_tokens(self) -> str:
+        """Tokens per KV block, per group kind when vLLM gave the groups different sizes."""
+        planned = self.kv.planned
+        return str(self.block_size) if planned is None else planned.block_tokens()
+
     @property
     def kv_cache(self) -> Any:
         """The model's KV cache, allocated by ``initialize_kv_cache``."""

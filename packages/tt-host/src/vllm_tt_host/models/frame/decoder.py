@@ -86,10 +86,11 @@ class PrefillPass:
     """``[bucket]``: the position of every query."""
     query_pos: torch.Tensor
     """``[1, bucket]``: the position each query's mask is cut at (padding: the last real one's)."""
-    last_block: int
-    """Blocks holding ``[0, start + n)``."""
-    block_size: int
     inserts: PrefillInserts | None
+
+    def blocks_of(self, size: int) -> int:
+        """Blocks of ``size`` tokens holding ``[0, start + n)`` (each layer reads its own size)."""
+        return math.ceil((self.start + self.n) / size)
 
 
 @dataclass(frozen=True)
@@ -101,17 +102,15 @@ class DecodeRows:
     pos: torch.Tensor
     """``[B]`` long: each row's position; padding rows at 0, so they attend to key 0 only, which
     keeps their (ignored) output finite."""
-    block_size: int
     lanes: list[slice]
     """Each lane's rows of the batch (row ``r`` is in lane ``r // rows_per_lane``)."""
 
     @classmethod
-    def of(cls, positions: torch.Tensor, kv: Sequence[LaneKV], rows_per_lane: int) -> DecodeRows:
+    def of(cls, positions: torch.Tensor, rows_per_lane: int) -> DecodeRows:
         batch = positions.shape[0]
         return cls(
             live=positions >= 0,
             pos=positions.clamp(min=0).long(),
-            block_size=paged_kv.block_size(kv[0]),
             lanes=[slice(i, i + rows_per_lane) for i in range(0, batch, rows_per_lane)],
         )
 
@@ -169,7 +168,7 @@ class HostDecoder:
     def _prefill_layers(self, new_tokens: torch.Tensor, start: int, bucket: int, page_rows: Sequence[torch.Tensor],
                         lane_kv: LaneKV, inserts: PrefillInserts | None) -> torch.Tensor:
         """The hidden states after the last layer, ``[bucket, hidden]`` (the first ``n`` real)."""
-        x, per_layer, row = self._prefill_inputs(new_tokens, start, bucket, lane_kv, inserts)
+        x, per_layer, row = self._prefill_inputs(new_tokens, start, bucket, inserts)
         for index, (layer, layer_kv, page_row) in enumerate(zip(self.weights.layers, lane_kv, page_rows, strict=True)):
             layer_input = None if per_layer is None else per_layer[:, index]
             self._capture(index, x)
@@ -177,7 +176,7 @@ class HostDecoder:
                                 inserts, index)
         return x
 
-    def _prefill_inputs(self, new_tokens: torch.Tensor, start: int, bucket: int, lane_kv: LaneKV,
+    def _prefill_inputs(self, new_tokens: torch.Tensor, start: int, bucket: int,
                         inserts: PrefillInserts | None) -> tuple[torch.Tensor, torch.Tensor | None, PrefillPass]:
         """What the first layer of a prefill row reads: the embeddings ``[bucket, hidden]``, the
         ``_per_layer_inputs`` of them, and the row's ``PrefillPass``."""
@@ -185,13 +184,11 @@ class HostDecoder:
         end = start + n
         positions = start + torch.arange(bucket)
         ids = F.pad(new_tokens.long(), (0, bucket - n))
-        size = paged_kv.block_size(lane_kv)
         x = insert_embeddings(self._embed(ids), inserts)
         row = PrefillPass(
             start=start, n=n, positions=positions,
             # Padding queries see what the last real one sees: their rows stay finite, unread.
-            query_pos=positions.clamp(max=end - 1)[None], last_block=math.ceil(end / size), block_size=size,
-            inserts=inserts,
+            query_pos=positions.clamp(max=end - 1)[None], inserts=inserts,
         )
         return x, self._per_layer_inputs(ids, x), row
 
@@ -200,13 +197,13 @@ class HostDecoder:
         """Layer ``index`` of one prefill row: write its KV, attend, MLP (``layer_input``: the
         layer's slice of ``_per_layer_inputs``)."""
         k_cache, v_cache = layer_kv
-        n, size = row.n, row.block_size
+        n, size = row.n, k_cache.shape[2]
         window = self.config.window(index)
         first = paged_kv.first_block(torch.tensor([row.start]), window, size)
         blocks = self._image_blocks(index, row.inserts)
         if blocks is not None and window is not None and self.blocks_past_window:
             first = torch.minimum(first, torch.tensor([self._block_keys_from(blocks, row, window)]) // size)
-        pages_used, key_pos = paged_kv.key_span(page_row[None], first, row.last_block - int(first), size)
+        pages_used, key_pos = paged_kv.key_span(page_row[None], first, row.blocks_of(size) - int(first), size)
         mask = paged_kv.visible(key_pos, row.query_pos, window, blocks, self.blocks_past_window)
         pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), row.positions[:n], size)
         q, k, v = self._qkv(self._norm(x, layer.input_norm), index, layer, row.positions)
@@ -230,7 +227,7 @@ class HostDecoder:
         """One token per row: ``tokens [B]`` at ``positions [B]`` (-1 = padding row: no KV
         write, output meaningless), ``page_tables`` one ``[B, width]`` table per layer. Row
         ``r`` uses lane ``r // rows_per_lane``. Returns ``[B, V]``."""
-        step = DecodeRows.of(positions, kv, rows_per_lane)
+        step = DecodeRows.of(positions, rows_per_lane)
         x = self._embed(tokens.long())
         x = self._decode_layers(x, step, page_tables, kv, self._per_layer_inputs(tokens.long(), x))
         self._keep_hidden(x)
@@ -254,10 +251,10 @@ class HostDecoder:
         padded to ``bucket``, in lane ``lane``) in one walk over the layers, each layer running
         the decode rows, then the chunk; returns ``decode``'s ``[B, V]`` and ``prefill``'s
         ``[V]``. The rows never read each other's KV, so the result is the two calls'."""
-        step = DecodeRows.of(positions, kv, rows_per_lane)
+        step = DecodeRows.of(positions, rows_per_lane)
         x = self._embed(tokens.long())
         per_layer = self._per_layer_inputs(tokens.long(), x)
-        y, chunk_per_layer, row = self._prefill_inputs(chunk, start, bucket, kv[lane], None)
+        y, chunk_per_layer, row = self._prefill_inputs(chunk, start, bucket, None)
         for index, layer in enumerate(self.weights.layers):
             x = self._decode_layer(index, layer, x, step, page_tables[index], kv,
                                    None if per_layer is None else per_layer[:, index])
@@ -279,7 +276,7 @@ class HostDecoder:
         """``decode`` through the first ``num_layers`` layers only, then the final norm and LM
         head: a self-drafting model's cheap guess at its next token (``block_output``). Writes
         those layers' KV at ``positions``; the full pass that verifies the guess rewrites it."""
-        step = DecodeRows.of(positions, kv, rows_per_lane)
+        step = DecodeRows.of(positions, rows_per_lane)
         x = self._embed(tokens.long())
         per_layer = self._per_layer_inputs(tokens.long(), x)
         for index, (layer, page_table) in enumerate(zip(self.weights.layers[:num_layers], page_tables, strict=False)):
@@ -333,7 +330,7 @@ class HostDecoder:
         """One attention layer of a decode step: ``x [B, hidden]`` in and out, the layer's KV
         ``caches`` one ``[K, V]`` per lane (an MTP module's block runs through here too): write
         the live rows' KV, attend, MLP."""
-        live, pos, size = step.live, step.pos, step.block_size
+        live, pos, size = step.live, step.pos, caches[0][0].shape[2]
         window = self.config.window(index)
         first = paged_kv.first_block(pos, window, size)
         pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)

@@ -81,7 +81,7 @@ class Eagle3Head:
         hidden before ``norm``."""
         self.decoder.embedded = rms_norm(self.embed[tokens], self.embed_norm, self.config.rms_norm_eps)
         try:
-            rows = DecodeRows.of(positions, kv_cache, rows_per_lane)
+            rows = DecodeRows.of(positions, rows_per_lane)
             return self.decoder.decode_layer(hidden, rows, 0, self.decoder.weights.layers[0], table,
                                              [lane_kv[0] for lane_kv in kv_cache])
         finally:

@@ -72,38 +72,39 @@ class HybridKVCausalLM(HostCausalLM):
     def allocate_kv_cache_per_layer(self, per_layer_specs: Sequence[LayerKVSpec]) -> list[LaneKV]:
         """``kv[lane][layer] = [K, V]`` (float32, all KV heads, as ``allocate_kv_cache``);
         layers with the same ``tensor_idx`` share storage: the same tensors where their shapes
-        agree, else views of one buffer whose blocks hold as many values (vLLM's hybrid manager
-        pools layers of different head sizes by equal page size)."""
+        agree, else views of one buffer whose blocks hold as many values. vLLM's hybrid manager
+        pools layers by equal page size: of different head sizes, or of different block sizes
+        (the smaller-page layers' blocks hold more tokens), each layer reading its own."""
         cfg = self.config
         if len(per_layer_specs) != cfg.num_layers:
             raise HostModelInputError(
                 f"allocate_kv_cache_per_layer got {len(per_layer_specs)} layer specs, the model has "
                 f"{cfg.num_layers} layers"
             )
-        pages: dict[int, tuple[int, int, int]] = {}
-        """``tensor_idx`` -> (num_blocks, block_size, values per token) of its storage."""
+        pages: dict[int, tuple[int, int]] = {}
+        """``tensor_idx`` -> (num_blocks, values per block) of its storage."""
         layer_shapes: list[tuple[int, tuple[int, int, int, int]]] = []
-        block_sizes = set()
         for layer, (shape, _dtype, tensor_idx) in enumerate(per_layer_specs):
             num_blocks, block_size = check_kv_shape(tuple(shape), cfg.num_layers, cfg, layer)
             heads, head_dim = cfg.kv_heads_of(layer), cfg.head_dim_of(layer)
-            page = (num_blocks, block_size, heads * head_dim)
+            page = (num_blocks, block_size * heads * head_dim)
             if pages.setdefault(int(tensor_idx), page) != page:
                 raise HostModelInputError(
                     f"layer {layer} shares KV tensor {tensor_idx} but asks for shape {tuple(shape)}, "
-                    f"unlike the other layers in it ((num_blocks, block_size, values per token) = "
-                    f"{pages[int(tensor_idx)]})"
+                    f"unlike the other layers in it ((num_blocks, values per block) = {pages[int(tensor_idx)]})"
                 )
-            block_sizes.add(block_size)
             layer_shapes.append((int(tensor_idx), (num_blocks, heads, block_size, head_dim)))
-        if len(block_sizes) != 1:
-            raise HostModelInputError(f"every layer needs the same block_size, got {sorted(block_sizes)}")
-        return [self._lane_cache(pages, layer_shapes) for _ in range(self.lanes.count)]
+        if len({num_blocks for num_blocks, _ in pages.values()}) != 1:
+            raise HostModelInputError(f"every KV tensor needs the same num_blocks, got {sorted(pages.values())}")
+        return [self._lane_cache(layer_shapes) for _ in range(self.lanes.count)]
 
-    def _lane_cache(
-        self, pages: dict[int, tuple[int, int, int]], layer_shapes: list[tuple[int, tuple[int, int, int, int]]]
-    ) -> LaneKV:
-        storage = {idx: self.layer_storage((blocks, 1, size, values)) for idx, (blocks, size, values) in pages.items()}
+    def _lane_cache(self, layer_shapes: list[tuple[int, tuple[int, int, int, int]]]) -> LaneKV:
+        """One lane's layers: each storage slot allocated in the shape of its first layer, the
+        other layers in it viewing that buffer in their own shape."""
+        storage: dict[int, list[torch.Tensor]] = {}
+        for idx, shape in layer_shapes:
+            if idx not in storage:
+                storage[idx] = self.layer_storage(shape)
         views: dict[tuple[int, tuple[int, int, int, int]], list[torch.Tensor]] = {}
         for idx, shape in layer_shapes:
             views.setdefault((idx, shape), [t if t.shape == shape else t.view(shape) for t in storage[idx]])

@@ -89,7 +89,6 @@ def plan_prefill(
     ends = _ints(prompt_lens)
     starts = [0] * count if start_pos is None else _ints(start_pos)
     slots = list(range(count)) if empty_slots is None else _ints(empty_slots)
-    width = page_tables[0].shape[1]
     if not len(ends) == len(starts) == len(slots) == page_tables[0].shape[0] == count:
         raise HostModelInputError(
             f"prefill rows disagree: tokens {count}, prompt_lens {len(ends)}, start_pos "
@@ -103,10 +102,12 @@ def plan_prefill(
                 f"min(tokens width {tokens.shape[1]}, max_seq_len {max_seq_len})"
             )
         lane = lanes.lane_of(slot)
-        blocks = -(-end // paged_kv.block_size(kv_cache[lane]))
-        if blocks > min(table.shape[1] for table in page_tables):
-            raise HostModelInputError(f"prefill row {i} needs {blocks} blocks, the page table has {width}")
-        for table in _distinct(page_tables):
+        for table, size in _tables_by_block_size(page_tables, kv_cache[lane]):
+            blocks = -(-end // size)
+            if blocks > table.shape[1]:
+                raise HostModelInputError(
+                    f"prefill row {i} needs {blocks} blocks of {size} tokens, the page table has {table.shape[1]}"
+                )
             _check_pages(table[i, :blocks], f"row {i}", kv_cache[lane])
         rows.append(PrefillRow(lane, start, end, prefill_bucket(end - start)))
     return rows
@@ -136,8 +137,8 @@ def check_decode(
         rows = lanes.rows(lane)
         lane_pos = positions[rows.start : rows.stop]
         live = lane_pos >= 0
-        blocks = lane_pos[live] // paged_kv.block_size(kv_cache[lane])
-        for table in _distinct(page_tables):
+        for table, size in _tables_by_block_size(page_tables, kv_cache[lane]):
+            blocks = lane_pos[live] // size
             if blocks.numel() and int(blocks.max()) >= table.shape[1]:
                 raise HostModelInputError(
                     f"decode needs block {int(blocks.max())}, the page table has {table.shape[1]} per row"
@@ -154,9 +155,11 @@ def prompt_history(tokens: torch.Tensor, ends: list[int]) -> torch.Tensor:
     return history
 
 
-def _distinct(tables: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Each table once (without hybrid KV every layer shares one)."""
-    return list({id(t): t for t in tables}.values())
+def _tables_by_block_size(tables: Sequence[torch.Tensor], lane_kv: LaneKV) -> list[tuple[torch.Tensor, int]]:
+    """Each layer's table with its layer's block size, each pair once (without hybrid KV every
+    layer shares one table; with mixed page sizes a group's layers share one block size)."""
+    pairs = {(id(t), paged_kv.layer_block_size(lane_kv, layer)): t for layer, t in enumerate(tables)}
+    return [(table, size) for (_, size), table in pairs.items()]
 
 
 def _ints(values: Any) -> list[int]:

@@ -110,7 +110,7 @@ def _step(model: HostCausalLM, module: MtpModule, tokens: torch.Tensor, position
         embedded = torch.where((positions == 0)[:, None], 0.0, embedded)
     x = F.linear(torch.cat((rms_norm(embedded, module.enorm, eps), rms_norm(hidden, module.hnorm, eps)), -1),
                  module.eh_proj)
-    step = DecodeRows.of(positions, kv_cache, model.lanes.rows_per_lane)
+    step = DecodeRows.of(positions, model.lanes.rows_per_lane)
     return model.decoder.decode_layer(x, step, module.index, module.block, table,
                                       [lane_kv[0] for lane_kv in kv_cache])
 

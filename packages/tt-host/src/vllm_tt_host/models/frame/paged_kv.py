@@ -2,7 +2,8 @@
 
 ``kv[lane][layer] = [K, V]``, each ``(num_blocks, kv_heads, block_size, head_dim)``. Position
 ``p`` of a row lives in block ``page_table[row, p // block_size]`` at offset ``p % block_size``;
-block ids index the lane's own cache, so two lanes may use the same ids without meeting.
+block ids index the lane's own cache, so two lanes may use the same ids without meeting. The
+block size is the layer's own (``layer_block_size``): layers may differ in it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ def allocate(lanes: int, num_layers: int, shape: tuple[int, int, int, int]) -> l
 
 
 def block_size(lane_kv: Sequence[object]) -> int:
+    """The first paged layer's block size (a model whose layers all share one)."""
     return _first_paged(lane_kv)[0].shape[2]
+
+
+def layer_block_size(lane_kv: Sequence[object], layer: int) -> int:
+    """Layer ``layer``'s own block size: vLLM gives the smaller-page layers of a hybrid model
+    (Gemma 4's sliding ones) more tokens per block so every page holds as many bytes. A
+    recurrent-state layer, whose table numbers states, not tokens, answers ``block_size``."""
+    cache = lane_kv[layer]
+    return cache[0].shape[2] if isinstance(cache, list) else block_size(lane_kv)
 
 
 def num_blocks(lane_kv: Sequence[object]) -> int:

@@ -5,7 +5,9 @@ layers have their own head size and KV heads (transformers' ``per_layer_config``
 ``global_head_dim`` / ``num_global_key_value_heads``), and with ``attention_k_eq_v`` their values
 are the key projection (before the key norm and rope); the last ``num_kv_shared_layers`` layers
 compute no K or V and attend to the KV of the last earlier layer of their kind (vLLM's
-cross-layer KV sharing: they own no blocks). Full layers use proportional rope (only
+cross-layer KV sharing: they own no blocks). Where a full layer's token costs more values than
+a sliding one's, vLLM gives the sliding layers longer blocks so pages agree; each layer reads
+its own block size (``frame.hybrid_kv``). Full layers use proportional rope (only
 ``partial_rotary_factor`` of the head rotates, at frequencies of the whole head). Norms scale by
 ``w`` (not ``1 + w``), values are RMS-normalised without a weight, attention is unscaled (the
 q/k norms set the scale), and each layer's output is multiplied by its ``layer_scalar``.
@@ -420,8 +422,8 @@ class Gemma4Decoder(Gemma3Decoder):
 
 
 class HostGemma4ForCausalLM(HostGemma3ForCausalLM):
-    """Gemma 4 text: per-layer KV shapes, KV-shared layers, per-layer input embeddings (E2B, E4B)
-    and routed experts (26B-A4B), served through hybrid KV."""
+    """Gemma 4 text: per-layer KV shapes (and block sizes), KV-shared layers, per-layer input
+    embeddings (E2B, E4B) and routed experts (26B-A4B), served through hybrid KV."""
 
     family = "gemma4"
     config_type: ClassVar[type[DecoderConfig]] = Gemma4Config

@@ -116,7 +116,6 @@ class Qwen3_5Decoder(HostDecoder):
         the vision-language model's images."""
         n = new_tokens.shape[0]
         positions = start + torch.arange(n)
-        size = paged_kv.block_size(lane_kv)
         x = insert_embeddings(self._embed(new_tokens.long()), inserts)
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
@@ -128,7 +127,7 @@ class Qwen3_5Decoder(HostDecoder):
                 state.write(write, conv, recurrent)
                 x = x + out[0]
             else:
-                x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions, size)
+                x = x + self._attention_prefill(h, layer.mixer, lane_kv[index], page_rows[index], positions)
             x = add_after_layer(x + gated_mlp(self._norm(x, layer.post_attention_norm), layer.mlp), inserts, index)
         return x
 
@@ -224,11 +223,12 @@ class Qwen3_5Decoder(HostDecoder):
 
     def _attention_prefill(
         self, h: torch.Tensor, a: AttentionWeights, layer_kv: list[torch.Tensor], page_row: torch.Tensor,
-        positions: torch.Tensor, size: int,
+        positions: torch.Tensor,
     ) -> torch.Tensor:
         n = h.shape[0]
         q, gate, k, v = self._gated_qkv(h, a, positions)
         k_cache, v_cache = layer_kv
+        size = k_cache.shape[2]
         pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions, size)
         paged_kv.write(k_cache, pages, offsets, k)
         paged_kv.write(v_cache, pages, offsets, v)
@@ -243,7 +243,7 @@ class Qwen3_5Decoder(HostDecoder):
         self, h: torch.Tensor, a: AttentionWeights, lane_kvs: list[list[torch.Tensor]], table: torch.Tensor,
         step: DecodeRows,
     ) -> torch.Tensor:
-        pos, live, size = step.pos, step.live, step.block_size
+        pos, live, size = step.pos, step.live, lane_kvs[0][0].shape[2]
         first = torch.zeros_like(pos)
         pages_used, key_pos = paged_kv.key_span(table, first, int((pos // size).max()) + 1, size)
         mask = paged_kv.visible(key_pos, pos[:, None], None)
