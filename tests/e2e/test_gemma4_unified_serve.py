@@ -10,7 +10,13 @@ several chunks; the host model refuses a chunk that cuts an image or starts insi
 past its window): concurrent OpenAI chat requests with base64 images
 (text only, one and two square images, a wide one) equal transformers' generate() token for
 token, prompt ids included, the image decides the answer and both lanes prefilled an image;
-corrupt image bytes are a 400 and the next request is served. Prefix caching is off for this model (it declares none)."""
+corrupt image bytes are a 400 and the next request is served. Prefix caching is off for this model (it declares none).
+
+And one ``vllm.LLM`` engine (``generate`` with ``multi_modal_data``) on 4 rows, an 80-token step
+budget and a pool of 20 KV blocks: mixed text-only, one- and two-image requests side by side,
+prefilled in chunks that never end inside an image, then image requests with long answers
+preempted while decoding and resumed (vLLM prefills prompt, images and answer again). Every
+answer equals transformers'."""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from tests.e2e.vl_chat import (
     image_parts,
     lane_serve,
 )
+from tests.e2e.vl_offline import assert_gemma_rounds_equal_hf
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +85,10 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path)
         hf_vl, (2,), MAX_TOKENS, 11, nested=True, add_special_tokens=False)[1]
     assert corrupt.status_code == 400, corrupt.text
     assert_every_lane_prefilled_an_image(trace, log, 4, len(want[0][0]))
+
+
+def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(checkpoint, tmp_path):
+    by_kinds = assert_gemma_rounds_equal_hf(checkpoint, vl_chat.load_hf(checkpoint), tmp_path / "steps.jsonl",
+                                            [(), (0,), (1,), (2, 3), (3,), (1, 0), (2,)],
+                                            [(0,), (2, 1), (3,), (1,)], MAX_TOKENS)
+    assert by_kinds[(0,)] != by_kinds[(1,)] and by_kinds[(1,)] != by_kinds[()], "the image decides the answer"

@@ -36,7 +36,7 @@ from vllm_tt_testing.checkpoints import cached
 from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_vl
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import metric_total, serve
+from tests.e2e.helpers import serve
 from tests.e2e.vl_chat import (
     BAD_REQUESTS,
     assert_every_lane_prefilled_an_image,
@@ -44,6 +44,7 @@ from tests.e2e.vl_chat import (
     image_parts,
     lane_serve,
 )
+from tests.e2e.vl_offline import GEMMA_STEP_BUDGET, assert_gemma_rounds_equal_hf
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,6 @@ WIDE_REQUESTS: list[tuple[int, ...]] = [(0,), (3, 1)]
 """Image kinds of the requests with wide (32x64) images: 55 image tokens each."""
 WIDE = (32, 64)
 MAX_TOKENS = 16
-STEP_BUDGET = 80
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 16)
 """With one image this question makes a prompt whose full KV blocks reach past the image."""
 
@@ -75,44 +75,13 @@ def hf_generate(hf_vl, kinds: tuple[int, ...], salt: int, size: tuple[int, int] 
                                question=question)
 
 
-BLOCKS = 20
-"""KV blocks of 32 tokens for the LLM engine (its sliding and full groups take them from one
-pool): 4 rows of image prompts (81 and 147 tokens) do not fit at once."""
 LONG_REQUESTS: list[tuple[int, ...]] = [(0,), (2, 1), (3,), (1,)]
-LONG_TOKENS = 96
-"""The long round: 4 image requests answering 96 tokens need ~34 blocks, so decoding ones are preempted."""
 
 
 def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(checkpoint, hf_vl, tmp_path):
-    from vllm import SamplingParams
-
-    trace = tmp_path / "steps.jsonl"
-    llm = vl_chat.traced_llm(trace, model=str(checkpoint), max_model_len=256, max_num_seqs=4, block_size=32,
-                             num_gpu_blocks_override=BLOCKS, max_num_batched_tokens=STEP_BUDGET,
-                             enable_chunked_prefill=True, enable_prefix_caching=False,
-                             limit_mm_per_prompt={"image": 2})
-
-    def generate(llm: Any, requests: list[tuple[int, ...]], salt: int, max_tokens: int) -> list[Any]:
-        return llm.generate(vl_chat.llm_prompts(hf_vl[1], requests, salt),
-                            SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-
-    mixed = generate(llm, REQUESTS, 5, MAX_TOKENS)
-    long = generate(llm, LONG_REQUESTS, 30, LONG_TOKENS)
-    preemptions = metric_total(llm, "vllm:num_preemptions")
-    del llm
-    for requests, salt, max_tokens, results in ((REQUESTS, 5, MAX_TOKENS, mixed),
-                                                (LONG_REQUESTS, 30, LONG_TOKENS, long)):
-        want = [vl_chat.hf_generate(hf_vl, kinds, max_tokens, salt + i, nested=True)
-                for i, kinds in enumerate(requests)]
-        got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-        assert [g[0] for g in got] == [w[0] for w in want], "vLLM's expanded prompt ids equal HF's"
-        mismatches = [(k, g[1], w[1]) for k, g, w in zip(requests, got, want, strict=True) if g[1] != w[1]]
-        assert not mismatches, mismatches
-    by_kinds = {kinds: list(r.outputs[0].token_ids) for kinds, r in zip(REQUESTS, mixed, strict=True)}
+    by_kinds = assert_gemma_rounds_equal_hf(checkpoint, hf_vl, tmp_path / "steps.jsonl", REQUESTS, LONG_REQUESTS,
+                                            MAX_TOKENS)
     assert len({tuple(by_kinds[(k,)]) for k in range(4)}) == 4 and by_kinds[(1,)] != by_kinds[()]
-    chunked = vl_chat.assert_chunks_keep_images(trace, [*mixed, *long], hf_vl[0].config.image_token_id)
-    assert chunked >= 4, "the image prompts were prefilled in chunks"
-    assert preemptions > 0 and vl_chat.preempted_while_decoding(trace, long), "requests were preempted while decoding"
 
 
 def prefill_ends(trace: Path) -> dict[str, list[int]]:
@@ -133,7 +102,7 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, hf_vl, tm
     model = str(checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = lane_serve(4, trace)
-    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", str(STEP_BUDGET),
+    with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", str(GEMMA_STEP_BUDGET),
                "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", env=lane_env,
                log=log) as url:
 
