@@ -15,8 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
+from vllm_tt_testing.checkpoints import cached_qwen3_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
@@ -30,7 +29,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-qwen3_vl-trained", build_tiny_qwen3_vl)
+    return cached_qwen3_vl()
 
 
 @pytest.fixture(scope="module")

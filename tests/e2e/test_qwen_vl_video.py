@@ -20,9 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_tt_testing.checkpoints import cached, cached_qwen_vl
-from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
-from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
+from vllm_tt_testing.checkpoints import cached_qwen3_5_vl, cached_qwen3_vl, cached_qwen_vl
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
 
 from tests.e2e import vl_chat
@@ -42,8 +40,8 @@ REQUESTS: list[tuple[str, ...]] = [("video",), (), ("image", "video"), ("video",
 
 CHECKPOINTS: dict[str, Any] = {
     "Qwen2_5_VLForConditionalGeneration": cached_qwen_vl,
-    "Qwen3VLForConditionalGeneration": lambda: cached("tiny-qwen3_vl-trained", build_tiny_qwen3_vl),
-    "Qwen3_5ForConditionalGeneration": lambda: cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl),
+    "Qwen3VLForConditionalGeneration": cached_qwen3_vl,
+    "Qwen3_5ForConditionalGeneration": cached_qwen3_5_vl,
 }
 """Each family's tiny trained checkpoint (the ones its image tests use)."""
 TELLS_FRAMES_APART = {"Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"}
