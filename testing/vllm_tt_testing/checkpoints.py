@@ -123,6 +123,25 @@ def cached_qwen_vl() -> Path:
     return cached("tiny-qwen2_5_vl-trained", build_tiny_qwen_vl)
 
 
+def cached_qwen3_vl() -> Path:
+    """The trained tiny Qwen3-VL (``tiny_qwen3_vl.build_tiny_qwen3_vl``), keyed by the source of
+    ``tiny_qwen_vl`` too: it is built by that module's ``build_qwen_vl`` (tokenizer, chat
+    template, training)."""
+    from vllm_tt_testing import tiny_qwen_vl
+    from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
+
+    return cached("tiny-qwen3_vl-trained", build_tiny_qwen3_vl, inspect.getsource(tiny_qwen_vl))
+
+
+def cached_qwen3_5_vl() -> Path:
+    """The trained tiny Qwen 3.5 VL (``tiny_qwen3_5_vl.build_tiny_qwen3_5_vl``), keyed as
+    ``cached_qwen3_vl`` by the source of ``tiny_qwen_vl`` too."""
+    from vllm_tt_testing import tiny_qwen_vl
+    from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
+
+    return cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl, inspect.getsource(tiny_qwen_vl))
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int, prefix: str = ""
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

@@ -1,9 +1,10 @@
 """A tiny Qwen2.5-VL checkpoint built from nothing: the host tiny model's locally trained BPE
-plus the Qwen image special tokens and a Qwen-style chat template, an image processor (4-pixel
-patches, merge 2, so a 32x32 image is 16 tokens), random weights trained briefly on the shipped
-corpus and on a synthetic captioning task (four kinds of synthetic image, each with its own
-caption), so that greedy margins are not ties and the image decides what follows it. Saved
-with ``save_pretrained`` (model, processor, tokenizer, chat template) so vLLM loads it offline.
+plus the Qwen image special tokens and a Qwen-style chat template (image and video parts), an
+image processor (4-pixel patches, merge 2, so a 32x32 image is 16 tokens), random weights
+trained briefly on the shipped corpus and on a synthetic captioning task (four kinds of
+synthetic image, each with its own caption), so that greedy margins are not ties and the image
+decides what follows it. Saved with ``save_pretrained`` (model, processor, tokenizer, chat
+template) so vLLM loads it offline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CHAT_TEMPLATE = (
     "{% for item in message['content'] %}"
     "{% if item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' or 'video' in item or 'video_url' in item %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

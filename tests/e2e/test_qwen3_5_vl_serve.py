@@ -29,8 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
+from vllm_tt_testing.checkpoints import cached_qwen3_5_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import metric_per_engine, serve
@@ -48,7 +47,7 @@ QUESTION = " ".join([vl_chat.QUESTION] * 6)
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl)
+    return cached_qwen3_5_vl()
 
 
 def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(checkpoint, tmp_path):

@@ -4,9 +4,11 @@ interleaved mRoPE with the returned deltas on decode. Greedy outputs equal trans
 generate() token for token for text-only, one-image and two-image requests running side by
 side, through ``vllm.LLM`` (chunked prefill never cutting an image, preemption under KV
 pressure) and through ``vllm serve`` (OpenAI chat, base64 ``image_url`` data URLs, two lanes, a
-prefix-cache hit past an image); different images give HF's different answers; audio, too many images or
-videos and undecodable image or video bytes are answered with a 400 and the next request is served
-(videos themselves: ``test_qwen_vl_video.py``)."""
+prefix-cache hit past an image, an mp4 ``video_url`` data URL: HF is fed the frames vLLM's
+video loader decodes from the same bytes); different images, and different videos, give HF's
+different answers; audio, too many images or videos and undecodable image or video bytes are
+answered with a 400 and the next request is served (videos through ``vllm.LLM``:
+``test_qwen_vl_video.py``)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
+from vllm_tt_testing.checkpoints import cached_qwen3_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
@@ -30,7 +31,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-qwen3_vl-trained", build_tiny_qwen3_vl)
+    return cached_qwen3_vl()
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +59,17 @@ def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(chec
     assert len({tuple(by_kinds[k]) for k in ((), (0,), (1,), (2, 3))}) == 4, "the images decide the answer"
 
 
+VIDEO_SALTS = (0, 3)
+"""Two videos (``vl_chat.video_frames``) of kinds the checkpoint answers differently."""
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 """With one image this question makes a prompt more than a 64-token block longer than the image's end."""
 
 
 def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input(checkpoint, hf_vl, tmp_path):
     """In two lanes of 4 rows; also a long one-image prompt sent twice: the second is served
-    from the prefix cache past its image (no tower, no DeepStack for it) and both equal HF."""
+    from the prefix cache past its image (no tower, no DeepStack for it) and both equal HF; and
+    two mp4 videos as ``video_url`` parts (vLLM's Qwen3-VL loader decodes them, its processor
+    adds the timestamp text), each equal to HF on the frames vLLM decodes."""
     model = str(checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = vl_chat.lane_serve(4, trace)
@@ -78,6 +83,8 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
         repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
+        videos = vl_chat.video_parts(VIDEO_SALTS)
+        video_answers = [chat([part]) for part in videos]
         refusals, after = {}, {}
         for name, parts in VIDEO_BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
@@ -102,6 +109,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         assert response.status_code == 200, (response.text, log.read_text()[-3000:])
         assert response.json()["prompt_token_ids"] == prompt
         assert response.json()["choices"][0]["token_ids"] == tokens
+    vl_chat.assert_videos_equal_hf(checkpoint, hf_vl, videos, video_answers, MAX_TOKENS, log)
     last_image_token = max(i for i, t in enumerate(prompt) if t == hf_vl[0].config.image_token_id)
     cached_tokens = repeated[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached_tokens > last_image_token, (cached_tokens, last_image_token, len(prompt))

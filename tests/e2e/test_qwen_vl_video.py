@@ -18,12 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from vllm_tt_testing.checkpoints import cached, cached_qwen_vl
-from vllm_tt_testing.tiny_qwen3_5_vl import build_tiny_qwen3_5_vl
-from vllm_tt_testing.tiny_qwen3_vl import build_tiny_qwen3_vl
-from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
+from vllm_tt_testing.checkpoints import cached_qwen3_5_vl, cached_qwen3_vl, cached_qwen_vl
+from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import offline_llm
@@ -31,7 +28,7 @@ from tests.e2e.helpers import offline_llm
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 12
-FRAMES, FPS = 4, 2.0
+FRAMES, FPS = vl_chat.VIDEO_FRAMES, vl_chat.VIDEO_FPS
 """Four frames at 2 fps: two temporal patches of one second each (video tokens at temporal
 index 0 and ``tokens_per_second``)."""
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -42,8 +39,8 @@ REQUESTS: list[tuple[str, ...]] = [("video",), (), ("image", "video"), ("video",
 
 CHECKPOINTS: dict[str, Any] = {
     "Qwen2_5_VLForConditionalGeneration": cached_qwen_vl,
-    "Qwen3VLForConditionalGeneration": lambda: cached("tiny-qwen3_vl-trained", build_tiny_qwen3_vl),
-    "Qwen3_5ForConditionalGeneration": lambda: cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl),
+    "Qwen3VLForConditionalGeneration": cached_qwen3_vl,
+    "Qwen3_5ForConditionalGeneration": cached_qwen3_5_vl,
 }
 """Each family's tiny trained checkpoint (the ones its image tests use)."""
 TELLS_FRAMES_APART = {"Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"}
@@ -65,11 +62,6 @@ def checkpoint(arch) -> Path:
 @pytest.fixture(scope="module")
 def hf_vl(checkpoint):
     return vl_chat.load_hf(checkpoint)
-
-
-def frames(salt: int) -> np.ndarray:
-    """``[FRAMES, 32, 32, 3]`` uint8: frames of one synthetic kind (``salt % 4``), each its own pixels."""
-    return np.stack([synthetic_image(salt % 4, 10 * salt + i, (32, 32)) for i in range(FRAMES)])
 
 
 def metadata() -> dict[str, Any]:
@@ -94,7 +86,7 @@ def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int) -> tu
         media["images"] = vl_chat.images((2,), salt)
     if "video" in items:
         meta = {k: v for k, v in metadata().items() if k != "do_sample_frames"}
-        media.update(videos=[frames(salt)], video_metadata=[VideoMetadata(**meta)], do_sample_frames=False)
+        media.update(videos=[vl_chat.video_frames(salt)], video_metadata=[VideoMetadata(**meta)], do_sample_frames=False)
     inputs = processor(text=[prompt_text(items)], return_tensors="pt", **media)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
@@ -107,7 +99,7 @@ def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
     if "image" in items:
         data["image"] = vl_chat.images((2,), salt)
     if "video" in items:
-        data["video"] = [(frames(salt), metadata())]
+        data["video"] = [(vl_chat.video_frames(salt), metadata())]
     return {"prompt": prompt_text(items), **({"multi_modal_data": data} if data else {})}
 
 

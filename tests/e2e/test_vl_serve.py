@@ -4,8 +4,9 @@ equal transformers' generate() for text-only, one-image and two-image requests r
 by side, under KV pressure that preempts and resumes them; and through ``vllm serve`` with
 OpenAI chat requests carrying base64 ``image_url`` data URLs in lane mode (mRoPE deltas over
 every lane's rows), where a long image prompt sent again is served from the prefix cache past
-its image, and video, audio, too many images and undecodable bytes are answered with a 400 and
-the server keeps serving."""
+its image, an mp4 ``video_url`` data URL equals HF fed the frames vLLM's video loader decodes
+from the same bytes (two videos, two answers), and undecodable video bytes, audio, too many
+images and undecodable image bytes are answered with a 400 and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from tests.e2e.vl_chat import BAD_REQUESTS, REQUESTS, chat_text, image_parts, im
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
+VIDEO_SALTS = (0, 3)
+"""Two videos (``vl_chat.video_frames``) of kinds the checkpoint answers differently."""
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 """With one image this question makes a prompt more than a 64-token block longer than the image's end."""
 
@@ -80,7 +83,8 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
     mRoPE deltas of every lane's rows. Also: a long one-image prompt sent twice (both go to
     lane 0, the least loaded); vLLM hashes the image into the block hashes, so the second hits
     the prefix cache past the image (vLLM 0.33 then sends only its ``image_grid_thw``, which
-    the positions after it need) and both equal HF."""
+    the positions after it need) and both equal HF. And two mp4 videos as ``video_url`` parts,
+    each equal to HF on the frames vLLM's Qwen2-VL video loader decodes from its bytes."""
     model = str(qwen_vl_checkpoint)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = vl_chat.lane_serve(4, trace)
@@ -93,6 +97,8 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
         repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
+        videos = vl_chat.video_parts(VIDEO_SALTS)
+        video_answers = [chat([part]) for part in videos]
         refusals = {}
         for name, parts in BAD_REQUESTS.items():
             refusals[name] = chat(parts or image_parts((0, 1, 2), 9))
@@ -116,6 +122,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         assert response.status_code == 200, (response.text, log.read_text()[-3000:])
         assert response.json()["prompt_token_ids"] == prompt
         assert response.json()["choices"][0]["token_ids"] == tokens
+    vl_chat.assert_videos_equal_hf(qwen_vl_checkpoint, hf_vl, videos, video_answers, MAX_TOKENS, log)
     image_token = hf_vl[0].config.image_token_id
     last_image_token = max(i for i, t in enumerate(prompt) if t == image_token)
     cached = repeated[1].json()["usage"]["prompt_tokens_details"]["cached_tokens"]

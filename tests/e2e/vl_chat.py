@@ -1,7 +1,8 @@
 """Vision-language requests for the end-to-end tests: synthetic images of the tiny recipes
 (``vllm_tt_testing.tiny_vl``), the chat prompt, OpenAI chat bodies with base64 ``image_url``
-data URLs, transformers' greedy answer for the same prompt and images, and ``vllm serve`` in
-lane mode with the check that images reached every lane."""
+data URLs (and mp4 ``video_url`` ones), transformers' greedy answer for the same prompt and
+images (or the frames vLLM decodes from the video), and ``vllm serve`` in lane mode with the
+check that images reached every lane."""
 
 from __future__ import annotations
 
@@ -197,6 +198,95 @@ def image_parts(kinds: tuple[int, ...], salt: int, size: tuple[int, int] = (32, 
     return [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images(kinds, salt, size)]
 
 
+VIDEO_FRAMES, VIDEO_FPS = 4, 2.0
+"""The test videos: four frames at 2 fps, two temporal patches of one second each."""
+
+
+def video_frames(salt: int, count: int = VIDEO_FRAMES, size: tuple[int, int] = (32, 32)) -> Any:
+    """``[count, height, width, 3]`` uint8: frames of one synthetic kind (``salt % 4``), each its own pixels."""
+    import numpy as np
+
+    return np.stack([synthetic_image(salt % 4, 10 * salt + i, size) for i in range(count)])
+
+
+def mp4(frames: Any, fps: float = VIDEO_FPS) -> bytes:
+    """The bytes of an mp4 file of these RGB frames (OpenCV's ``mp4v`` codec: lossy, so the
+    frames decoded from it are not the ones written)."""
+    import tempfile
+
+    import cv2
+
+    height, width = frames.shape[1:3]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "video.mp4"
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        if not writer.isOpened():
+            raise RuntimeError("OpenCV cannot write an mp4v video here")
+        for frame in frames:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        return path.read_bytes()
+
+
+def video_part(data: bytes) -> dict[str, Any]:
+    """An OpenAI ``video_url`` content part carrying these mp4 bytes as a base64 data URL."""
+    return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data).decode()}}
+
+
+def served_video(checkpoint: Path, part: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The (frames, metadata) ``vllm serve`` decodes from a ``video_url`` part: vLLM's media
+    connector with the server's media IO kwargs (none) and the video loader vLLM picks for the
+    checkpoint's video processor (Qwen2-VL's and Qwen3-VL's sample at 2 fps as transformers'
+    processors do, whatever ``num_frames`` says)."""
+    from vllm.multimodal.media import MediaConnector
+    from vllm.transformers_utils.processor import get_video_processor_cls_name_from_config
+
+    processor = get_video_processor_cls_name_from_config(str(checkpoint))
+    return MediaConnector().fetch_video(part["video_url"]["url"], video_processor=processor).media
+
+
+def hf_generate_video(hf_vl: tuple[Any, Any], video: tuple[Any, dict[str, Any]], max_tokens: int,
+                      question: str = QUESTION) -> tuple[list[int], list[int]]:
+    """HF's (prompt ids, greedy new tokens) for a chat of one video (frames and vLLM's metadata
+    of them, as ``served_video`` returns) and the question, tokenized as a chat endpoint does
+    (no bos added). Its processor samples frames as its defaults say; vLLM's keeps the same
+    frames when the loader kept every frame (Qwen3-VL's then samples again, Qwen2.5-VL's not)."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    model, processor = hf_vl
+    frames, metadata = video
+    message = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+    text = processor.apply_chat_template(message, add_generation_prompt=True, tokenize=False)
+    clock = VideoMetadata(**{k: v for k, v in metadata.items() if k != "do_sample_frames"})
+    inputs = processor(text=[text], videos=[frames], video_metadata=[clock], return_tensors="pt",
+                       add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
+    prompt = inputs["input_ids"][0].tolist()
+    return prompt, out[0, len(prompt):].tolist()
+
+
+def video_parts(salts: tuple[int, ...]) -> list[dict[str, Any]]:
+    """One ``video_url`` part per salt: an mp4 of ``video_frames(salt)``."""
+    return [video_part(mp4(video_frames(salt))) for salt in salts]
+
+
+def assert_videos_equal_hf(checkpoint: Path, hf_vl: tuple[Any, Any], parts: list[dict[str, Any]],
+                           responses: list[Any], max_tokens: int, log: Path) -> None:
+    """Each chat of one video part (``responses``: the server's, in order) answered 200 with
+    HF's prompt ids and greedy tokens for the frames vLLM decodes from that part; different
+    videos gave different answers (the checkpoints asked tell the frames' kinds apart)."""
+    answers = []
+    for part, response in zip(parts, responses, strict=True):
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+        prompt, tokens = hf_generate_video(hf_vl, served_video(checkpoint, part), max_tokens)
+        assert response.json()["prompt_token_ids"] == prompt
+        assert response.json()["choices"][0]["token_ids"] == tokens
+        answers.append(tuple(tokens))
+    assert len(set(answers)) == len(answers), ("different videos give different answers", answers)
+
+
 LANES = 2
 """The VL serve tests run in lane mode: a Galaxy's mesh split into 2 lanes."""
 
@@ -225,3 +315,4 @@ def assert_every_lane_prefilled_an_image(trace: Path, log: Path, rows: int, text
                     lane[rid] = lane.get(rid, 0) + tokens
     longest = [max(lane.values(), default=0) for lane in lanes]
     assert min(longest) > text_only_tokens, (longest, text_only_tokens)
+
