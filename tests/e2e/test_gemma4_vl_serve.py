@@ -103,7 +103,7 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, hf_vl, tm
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = lane_serve(4, trace)
     with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", str(GEMMA_STEP_BUDGET),
-               "--limit-mm-per-prompt", '{"image": 2}', "--enable-prompt-tokens-details", env=lane_env,
+               "--limit-mm-per-prompt", '{"image": 2, "video": 0}', "--enable-prompt-tokens-details", env=lane_env,
                log=log) as url:
 
         def chat(parts: list[dict[str, Any]], question: str = vl_chat.QUESTION) -> httpx.Response:

@@ -12,6 +12,7 @@ prefix-cache starts, decode) against HF's logits at every position."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -19,6 +20,7 @@ from transformers import AutoConfig, Gemma4ForConditionalGeneration, Gemma4Unifi
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models import HOST_MODELS
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.frame.vision import image_runs
 from vllm_tt_host.models.gemma4.embedder import UnifiedVisionConfig
 from vllm_tt_host.models.gemma4.unified import Gemma4UnifiedConfig, HostGemma4UnifiedForConditionalGeneration
 from vllm_tt_host.models.gemma4.vl import Gemma4VLConfig, HostGemma4ForConditionalGeneration
@@ -175,6 +177,108 @@ def test_image_attention_follows_the_config(model, hf, processor):
         torch.testing.assert_close(causal, expected)
 
 
+FRAMES = 2
+
+
+def video_request(processor, seed: int, images: int = 0, question: str = "what is it?") -> dict:
+    """The processor's inputs for a chat prompt with ``images`` images, then a video of
+    ``FRAMES`` frames a second apart (the tiny chat template writes image parts only)."""
+    from transformers.video_utils import VideoMetadata
+
+    text = processor.apply_chat_template(user_message(images, question), add_generation_prompt=True, tokenize=False)
+    frames = np.stack([synthetic_image(seed + i, 10 * seed + i, (32, 32)) for i in range(FRAMES)])
+    pictures = [Image.fromarray(synthetic_image(seed + 5, 3 * seed, (32, 32)))] * images
+    meta = VideoMetadata(fps=1.0, duration=FRAMES, total_num_frames=FRAMES, frames_indices=list(range(FRAMES)))
+    return dict(processor(text=[text.replace(question, processor.video_token + question, 1)],
+                          images=[pictures] if pictures else None, videos=[frames], video_metadata=[meta],
+                          do_sample_frames=False, return_tensors="pt", add_special_tokens=False))
+
+
+def per_item(inputs: dict) -> dict:
+    """The runner's kwargs of one row whose images come before its one video: one entry per item."""
+    images = list(inputs.get("pixel_values", []))
+    positions = list(inputs.get("image_position_ids", []))
+    none = [None] * len(images)
+    return {"pixel_values": [[*images, None]], "pixel_position_ids": [[*positions, None]],
+            "pixel_values_videos": [[*none, inputs["pixel_values_videos"]]],
+            "pixel_position_ids_videos": [[*none, inputs["video_position_ids"]]]}
+
+
+def hf_video_logits(hf, inputs: dict, both_ways: bool = True) -> torch.Tensor:
+    """HF's logits at every prompt position. transformers 5.20's forward calls
+    ``get_video_features`` without the frame counts it requires, so its encoders run here (with
+    them) and the forward takes their outputs; ``both_ways`` off drops ``mm_token_type_ids``."""
+    model = hf.model
+    with torch.no_grad():
+        encoded = {"video": model.get_video_features(inputs["pixel_values_videos"], inputs["video_position_ids"],
+                                                     num_frames_per_video=inputs["num_frames_per_video"],
+                                                     return_dict=True)}
+        if "pixel_values" in inputs:
+            encoded["image"] = model.get_image_features(inputs["pixel_values"], inputs["image_position_ids"],
+                                                        return_dict=True)
+        types = {"mm_token_type_ids": inputs["mm_token_type_ids"]} if both_ways else {}
+        return hf(input_ids=inputs["input_ids"], mm_encoder_outputs=encoded, **types).logits[0]
+
+
+def test_video_frames_match_transformers(variant, model, hf, processor):
+    """Every position's logits of a one-video prompt and an image-plus-video prompt equal HF's:
+    each frame its own run of video tokens through the tower, attended both ways on the sliding
+    layers like an image (HF's causal reading is far off there). The two-item prompt prefilled in
+    two chunks cut between image and video; a prefix-cache start past the video (vLLM sends no
+    frames for it); a start past a covered video with an item after it to compute is refused
+    (the covered video's frame count is not sent). Gemma 4 Unified declares images only."""
+    if variant == UNIFIED:
+        assert HostGemma4UnifiedForConditionalGeneration.model_capabilities["modalities"] == ("image",)
+        return
+    video = hf.config.video_token_id
+    for images in (0, 1):
+        inputs = video_request(processor, 3 + images, images)
+        ids, expected = prompt_of(inputs), hf_video_logits(hf, inputs)
+        assert len(vl_runs(ids, video)) == FRAMES
+        got = prompt_logits_with(model, inputs, per_item(inputs))
+        assert_every_position_matches(got, expected)
+        if model.config.images_both_ways:
+            at_frames = torch.tensor(ids) == video
+            causal = hf_video_logits(hf, inputs, both_ways=False)
+            assert (causal - expected)[at_frames].abs().max() > 100 * (got - expected).abs().max()
+    d = driver(model)
+    d.add(0, ids)
+    d.prefill([(0, ids.index(hf.config.eoi_token_id) + 1)], **per_item(inputs))  # past the image, before the video
+    torch.testing.assert_close(d.prefill([(0, len(ids))], **per_item(inputs))[0, -1], expected[-1], atol=1e-4,
+                               rtol=1e-4)
+    long = video_request(processor, 6, question=" ".join(["what is it?"] * 6))
+    ids, expected = prompt_of(long), hf_video_logits(hf, long)[-1]
+    past_video = -(-vl_runs(ids, video)[-1][1] // BLOCK)
+    d.add(1, ids)
+    d.prefill([(1, len(ids))], **per_item(long))
+    d.add(2, ids, prefix_of=1, cached_blocks=past_video)
+    got = d.prefill([(2, len(ids))], pixel_values_videos=[[None]], pixel_position_ids_videos=[[None]])[0, -1]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    both = video_request(processor, 7, 1)
+    both_ids = prompt_of(both)
+    swapped = both_ids[: both_ids.index(hf.config.boi_token_id)]  # text, then the video's frames, then the image
+    swapped += both_ids[vl_runs(both_ids, video)[0][0] - 4 : vl_runs(both_ids, video)[-1][1] + 1]
+    swapped += both_ids[both_ids.index(hf.config.boi_token_id) : both_ids.index(hf.config.eoi_token_id) + 1]
+    d = driver(model)
+    d.add(0, swapped)
+    d.add(1, swapped, prefix_of=0, cached_blocks=-(-vl_runs(swapped, video)[-1][1] // BLOCK))
+    with pytest.raises(HostModelInputError, match="how many frames the covered items have is not sent"):
+        d.prefill([(1, len(swapped))], pixel_values=[[None, both["pixel_values"][0]]],
+                  pixel_position_ids=[[None, both["image_position_ids"][0]]])
+
+
+def vl_runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """``[first, stop)`` of each run of ``token``."""
+    return image_runs(torch.tensor(ids), token)
+
+
+def prompt_logits_with(model, inputs: dict, kwargs: dict) -> torch.Tensor:
+    """Every position's logits of the request's prompt, prefilled in one chunk with ``kwargs``."""
+    d = driver(model)
+    d.add(0, prompt_of(inputs))
+    return d.prefill([(0, len(prompt_of(inputs)))], return_all_logits=True, **kwargs)[0]
+
+
 def test_prefill_and_decode_match_transformers(model, hf, processor):
     """Three rows in one prefill (two images; one image; text only), then greedy decode steps
     side by side: every step's logits equal HF's full forward over the same tokens."""
@@ -242,7 +346,7 @@ def test_bad_image_inputs_are_refused(variant, model, processor):
     quarter = 4 if variant == UNIFIED else 12  # a 4x4 corner of the merged grid, or of the patch grid
     beyond, out_of_range = (64, "reach past mm_posemb_size") if variant == UNIFIED else (1, "do not fill")
     cases = [
-        ({"pixel_values": [None]}, "0 images sent, but the tokens hold 1"),
+        ({"pixel_values": [None]}, "0 images and video frames sent, but the tokens hold 1"),
         ({"pixel_values": [pixels * 2], "pixel_position_ids": [positions]}, "one per image"),
         ({"pixel_values": [pixels]}, "pixel_position_ids must come with pixel_values"),
         ({"pixel_values": [[(pixels[0] * 255).to(torch.uint8)]], "pixel_position_ids": [positions]}, "uint8"),

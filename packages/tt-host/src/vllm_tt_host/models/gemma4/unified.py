@@ -62,6 +62,8 @@ class HostGemma4UnifiedForConditionalGeneration(HostGemma4ForConditionalGenerati
 
     config_type = Gemma4UnifiedConfig
     decoder_type = Gemma4UnifiedDecoder
-    model_capabilities = {**HostGemma4ForConditionalGeneration.model_capabilities, "supports_prefix_caching": False}
+    model_capabilities = {**HostGemma4ForConditionalGeneration.model_capabilities, "supports_prefix_caching": False,
+                          "modalities": ("image",)}
     """No prefix caching: a hit may start inside an image whose tokens reach further back than the
-    sliding window vLLM keeps (an image token sees its whole image on every layer)."""
+    sliding window vLLM keeps (an image token sees its whole image on every layer). Images only:
+    Unified's video frames go through vLLM's own Unified video processor, not tested here."""

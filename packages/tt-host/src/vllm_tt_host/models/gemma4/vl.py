@@ -11,7 +11,12 @@ attend to each other both ways on the sliding layers only (the full layers stay 
 without it every layer is causal. Decode is the text model's.
 
 vLLM sends each image as its processor made it: ``pixel_values [patches, 3 * P * P]`` (floats
-in ``[0, 1]``, padded to the patch budget) and ``pixel_position_ids [patches, 2]``.
+in ``[0, 1]``, padded to the patch budget) and ``pixel_position_ids [patches, 2]``. Gemma 4 has
+no video tower: vLLM's processor cuts a video into its sampled frames, each an image at a
+smaller token budget (``pixel_values_videos [frames, patches, 3 * P * P]``,
+``pixel_position_ids_videos [frames, patches, 2]``), and writes each frame as its timestamp
+text and its own run of video tokens between begin and end markers; the tower embeds each
+frame, and a frame's tokens attend to each other as an image's do.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as VllmGemma4
@@ -99,12 +104,19 @@ def _token_id(hf_config: Any, name: str, model: str) -> int:
 
 @dataclass(frozen=True)
 class PatchedImage:
-    """One image as the Gemma 4 processor cut it."""
+    """One image (or video frame) as the Gemma 4 processor cut it."""
 
     pixels: torch.Tensor
     """``[patches, 3 * P * P]``"""
     positions: torch.Tensor
     """``[patches, 2]``: each patch's ``(x, y)``; padding at ``(-1, -1)``."""
+    video: bool = False
+    """A video frame: its tokens are the video token's."""
+
+
+PromptItem = PatchedImage | tuple[PatchedImage, ...] | None
+"""A prefill row's multimodal item: an image, a video's frames, or None (sent without data: inside
+the prefix-cache hit)."""
 
 
 class Gemma4VLDecoder(Gemma4Decoder):
@@ -114,6 +126,7 @@ class Gemma4VLDecoder(Gemma4Decoder):
         super().__init__(config, weights)
         self.tower = tower
         self.placeholders = torch.tensor(config.placeholder_ids)
+        self.video_token_id = config.placeholder_ids[PLACEHOLDER_IDS.index("video_token_id")]
 
     @classmethod
     def load(cls, folder: Path, config: Any) -> HostDecoder:
@@ -150,25 +163,29 @@ class Gemma4VLDecoder(Gemma4Decoder):
         both_ways = self.config.images_both_ways and self.config.window(index) is not None
         return super()._image_blocks(index, inserts) if both_ways else None
 
-    def inserts(self, ids: torch.Tensor, start: int, images: list[PatchedImage | None] | None,
+    def inserts(self, ids: torch.Tensor, start: int, items: list[PromptItem] | None,
                 row: int) -> PrefillInserts | None:
         """Row ``row``'s image vectors for computing ``[start, len(ids))`` of its token history
-        ``ids``; ``images`` in prompt order (None: none sent; a None image: inside the
-        prefix-cache hit). Only the images the pass computes run the tower."""
-        runs = image_runs(ids, self.config.image_token_id)
+        ``ids``; ``items`` in prompt order (None: none sent). Each image and each video frame is
+        one placeholder run; only the runs the pass computes run the tower."""
+        runs = self._runs(ids)
         if runs and runs[-1][1] == ids.shape[0]:
             raise HostModelInputError(
                 f"prefill row {row}: the image placeholders from {runs[-1][0]} reach the chunk end {ids.shape[0]} "
                 "without their end marker (the chunk end cuts an image: the runner must not split one across "
                 "prefill chunks)"
             )
-        live = live_images(runs, start, images, row)
+        video_runs = [bool(ids[first] == self.video_token_id) for first, _ in runs]
+        live = live_images(runs, start, _frames(items, runs, video_runs, start, row), row, "images and video frames")
         if not live:
             return None
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
         for k, image in zip(live, computed_pixels(live, row, start), strict=True):
             first, stop = runs[k]
+            if image.video != video_runs[k]:
+                raise HostModelInputError(f"prefill row {row}: placeholder run {k} at {first}..{stop} is not a "
+                                          f"{'video frame' if image.video else 'image'}'s, as the items sent say")
             features = self.tower(image.pixels, image.positions)
             if features.shape[0] != stop - first:
                 raise HostModelInputError(
@@ -181,54 +198,104 @@ class Gemma4VLDecoder(Gemma4Decoder):
             vectors.append(features[lo - first :])
         return PrefillInserts(torch.cat(index), torch.cat(vectors), blocks)
 
+    def _runs(self, ids: torch.Tensor) -> list[tuple[int, int]]:
+        """The image and video-frame placeholder runs of ``ids``, in order."""
+        return sorted(image_runs(ids, self.config.image_token_id) + image_runs(ids, self.video_token_id))
 
-def row_images(pixel_values: Any, positions: Any, rows: int) -> list[list[PatchedImage | None] | None]:
-    """The runner's row-aligned ``pixel_values`` and ``pixel_position_ids`` (per image
-    ``[patches, 3 * P * P]`` and ``[patches, 2]``, or with a leading 1; None: inside the
-    prefix-cache hit) -> per row, its images in prompt order, or None."""
-    out: list[list[PatchedImage | None] | None] = []
-    for row, (pixels, xy) in enumerate(zip(per_row(pixel_values, rows, "pixel_values"),
-                                           per_row(positions, rows, "pixel_position_ids"), strict=True)):
-        if not pixels:
+
+def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], video_runs: list[bool], start: int,
+            row: int) -> list[PatchedImage | None] | None:
+    """``items`` as one entry per placeholder run (a video: one per frame). An item sent
+    without data counts as one run, which is right for an image; a video inside the prefix-cache
+    hit has as many runs as frames, which its missing data does not say, so a pass that computes
+    runs after video runs it did not compute, with such an item among the sent, is refused
+    rather than guessed."""
+    computes = any(stop > start for _, stop in runs)
+    if items is None or not computes:  # nothing to embed (a covered video's frames are not counted)
+        return None
+    video_before = any(video and stop <= start for (_, stop), video in zip(runs, video_runs, strict=True))
+    if None in items and video_before:
+        raise HostModelInputError(
+            f"prefill row {row}: a prefix-cache hit covers an item of a prompt with videos, and the pass computes "
+            "an image or frame after it; how many frames the covered items have is not sent (serve prompts "
+            "with several videos or images after a video with --no-enable-prefix-caching)"
+        )
+    return [frame for item in items for frame in (item if isinstance(item, tuple) else (item,))]
+
+
+def row_items(kwargs: dict[str, Any], rows: int) -> list[list[PromptItem] | None]:
+    """The runner's row-aligned ``pixel_values`` / ``pixel_position_ids`` (per image
+    ``[patches, 3 * P * P]`` and ``[patches, 2]``, or with a leading 1) and
+    ``pixel_values_videos`` / ``pixel_position_ids_videos`` (per video ``[frames, patches, ...]``)
+    -> per row, its items in prompt order (None: none sent), an item None where neither is sent
+    (inside the prefix-cache hit)."""
+    columns = [per_row(kwargs.get(name), rows, name) for name in
+               ("pixel_values", "pixel_position_ids", "pixel_values_videos", "pixel_position_ids_videos")]
+    out: list[list[PromptItem] | None] = []
+    for row, (pixels, xy, video, video_xy) in enumerate(zip(*columns, strict=True)):
+        count = max(len(entry) if entry else 0 for entry in (pixels, xy, video, video_xy))
+        if not count:
             out.append(None)
             continue
-        if xy is None or len(xy) != len(pixels):
-            raise HostModelInputError(f"prefill row {row}: pixel_position_ids must come with pixel_values, one "
-                                      "per image (Gemma 4's processor writes both)")
-        images: list[PatchedImage | None] = []
-        for k, (p, q) in enumerate(zip(pixels, xy, strict=True)):
-            if p is None:
-                images.append(None)
-                continue
-            p, q = (torch.as_tensor(t) for t in (p, q))
-            p, q = (t[0] if t.dim() == 3 and t.shape[0] == 1 else t for t in (p, q))
-            if p.dtype == torch.uint8:
-                raise HostModelInputError(f"pixel_values of row {row} are uint8; Gemma 4 takes the image "
-                                          "processor's rescaled floats (serve with --mm-device-do-normalize false)")
-            if p.dim() != 2 or q.shape != (p.shape[0], 2):
-                raise HostModelInputError(
-                    f"prefill row {row} image {k}: pixel_values {tuple(p.shape)} and pixel_position_ids "
-                    f"{tuple(q.shape)}; expected [patches, 3 * P * P] and [patches, 2]"
-                )
-            images.append(PatchedImage(p, q))
-        out.append(images)
+        pixels, xy, video, video_xy = (entry or [None] * count for entry in (pixels, xy, video, video_xy))
+        if not len(pixels) == len(xy) == len(video) == len(video_xy) == count:
+            raise HostModelInputError(f"prefill row {row}: pixel_values, pixel_position_ids and their video "
+                                      "twins must list the same items, one per image or video (Gemma 4's "
+                                      "processor writes both of a pair)")
+        items: list[PromptItem] = []
+        for k, (p, q, v, w) in enumerate(zip(pixels, xy, video, video_xy, strict=True)):
+            if v is not None:
+                frames, frame_xy = _patches(v, w, row, k, video=True)
+                items.append(tuple(PatchedImage(f, g, video=True) for f, g in zip(frames, frame_xy, strict=True)))
+            elif p is not None:
+                p, q = _patches(p, q, row, k, video=False)
+                items.append(PatchedImage(p, q))
+            else:
+                items.append(None)
+        out.append(items)
     return out
+
+
+def _patches(pixels: Any, positions: Any, row: int, k: int, *, video: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Item ``k``'s checked ``(pixels, positions)``: ``[patches, 3 * P * P]`` and
+    ``[patches, 2]`` for an image, with a leading frame axis for a video."""
+    names = ("pixel_values_videos", "pixel_position_ids_videos") if video else ("pixel_values", "pixel_position_ids")
+    if positions is None:
+        raise HostModelInputError(f"prefill row {row} item {k}: {names[1]} must come with {names[0]} "
+                                  "(Gemma 4's processor writes both)")
+    p, q = (torch.as_tensor(t) for t in (pixels, positions))
+    if not video:
+        p, q = (t[0] if t.dim() == 3 and t.shape[0] == 1 else t for t in (p, q))
+    if p.dtype == torch.uint8:
+        raise HostModelInputError(f"{names[0]} of row {row} are uint8; Gemma 4 takes the image "
+                                  "processor's rescaled floats (serve with --mm-device-do-normalize false)")
+    dims = 3 if video else 2
+    if p.dim() != dims or q.shape != (*p.shape[:-1], 2):
+        frames = "frames, " if video else ""
+        raise HostModelInputError(
+            f"prefill row {row} item {k}: {names[0]} {tuple(p.shape)} and {names[1]} {tuple(q.shape)}; "
+            f"expected [{frames}patches, 3 * P * P] and [{frames}patches, 2]"
+        )
+    return p, q
 
 
 @vllm_multimodal_processing(VllmGemma4)
 class HostGemma4ForConditionalGeneration(HostGemma4ForCausalLM):
-    """Gemma 4 with images: prefill rows carry ``pixel_values`` and ``pixel_position_ids``;
-    the rest is Gemma 4 text."""
+    """Gemma 4 with images and videos: prefill rows carry ``pixel_values`` and
+    ``pixel_position_ids`` (a video: ``pixel_values_videos`` and ``pixel_position_ids_videos``,
+    frame by frame); the rest is Gemma 4 text."""
 
     family = "gemma4"
+    model_capabilities: ClassVar[dict[str, Any]] = {**HostGemma4ForCausalLM.model_capabilities,
+                                                    "modalities": ("image", "video")}
     config_type = Gemma4VLConfig
     decoder_type = Gemma4VLDecoder
     decoder: Gemma4VLDecoder
 
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:
-        images = row_images(kwargs.get("pixel_values"), kwargs.get("pixel_position_ids"), len(rows))
+        items = row_items(kwargs, len(rows))
         if self.synthetic is not None:
             return [None] * len(rows)
-        return [self.decoder.inserts(tokens[i, : row.end].long(), row.start, images[i], i)
+        return [self.decoder.inserts(tokens[i, : row.end].long(), row.start, items[i], i)
                 for i, row in enumerate(rows)]

@@ -1,0 +1,146 @@
+"""Gemma 4 video (``TTGemma4ForConditionalGeneration``) through ``vllm.LLM`` on the host mesh
+backend. Gemma 4 has no video tower: vLLM's Gemma 4 processor cuts a video into its frames, runs
+each through the image processor at 70 soft tokens and writes it as ``mm:ss`` timestamp text and
+its own run of video tokens between begin and end markers (``pixel_values_videos``,
+``pixel_position_ids_videos``); the host model embeds each frame with the vision tower, and a
+frame's tokens attend to each other as an image's do.
+
+Videos go in as frames (``multi_modal_data={"video": [(frames, metadata)]}``), as vLLM's offline
+API takes them, so vLLM and transformers see the same pixels. transformers 5.20's
+``Gemma4Model.forward`` calls ``get_video_features`` without the frame counts it requires (a
+``ValueError`` for any video), so the oracle is transformers' own pieces: its processor (prompt
+ids, frame patches), its ``get_video_features`` / ``get_image_features`` given the counts, and
+its forward over the resulting ``mm_encoder_outputs`` with the processor's ``mm_token_type_ids``
+(the bidirectional frame blocks), greedy token by token. Greedy outputs equal that oracle for
+text-only, one-video and image-plus-video prompts side by side, chunked without ending inside an
+image or video; the same video prompt sent again is served from the prefix cache past its
+video (vLLM then sends no frames for it)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_tt_testing import tiny_gemma3_vl
+from vllm_tt_testing.checkpoints import cached
+from vllm_tt_testing.tiny_gemma4_vl import BOS, IMAGE, TURN_END, TURN_START, VIDEO, build_tiny_gemma4_vl
+from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
+
+from tests.e2e import vl_chat
+from tests.e2e.helpers import metric_total
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 12
+FRAMES, FPS = 2, 1.0
+"""Two frames a second apart: timestamps ``00:00`` and ``00:01``."""
+REQUESTS: list[tuple[str, ...]] = [("video",), (), ("image", "video"), ("video",)]
+"""The items of each prompt, in prompt order; the two one-video prompts have different frames."""
+LONG_QUESTION = " ".join([QUESTION] * 12)
+"""After one video this question makes a prompt whose full KV blocks reach past the video."""
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+
+
+@pytest.fixture(scope="module")
+def hf_vl(checkpoint):
+    return vl_chat.load_hf(checkpoint)
+
+
+def frames(salt: int) -> np.ndarray:
+    """``[FRAMES, 32, 32, 3]`` uint8: frames of one synthetic kind (``salt % 4``), each its own pixels."""
+    return np.stack([synthetic_image(salt % 4, 10 * salt + i, (32, 32)) for i in range(FRAMES)])
+
+
+def metadata() -> dict[str, Any]:
+    return {"fps": FPS, "duration": FRAMES / FPS, "total_num_frames": FRAMES, "frames_indices": list(range(FRAMES)),
+            "video_backend": "opencv"}
+
+
+def prompt_text(items: tuple[str, ...], question: str = QUESTION) -> str:
+    """The chat prompt (the tiny template writes image parts only); one with two items leads with
+    text, so that a chunk may end before them."""
+    parts = "".join(VIDEO if m == "video" else IMAGE for m in items)
+    lead = " ".join([QUESTION] * 3) if len(items) > 1 else ""
+    return f"{BOS}{TURN_START}user\n{lead}{parts}{question}{TURN_END}\n{TURN_START}model\n"
+
+
+def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int,
+              question: str = QUESTION) -> tuple[list[int], list[int]]:
+    """transformers' (prompt ids, greedy tokens): its processor, its encoders, its forward."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    model, processor = hf_vl
+    media: dict[str, Any] = {}
+    if "image" in items:
+        media["images"] = [vl_chat.images((2,), salt)]
+    if "video" in items:
+        media.update(videos=[frames(salt)], video_metadata=[VideoMetadata(**metadata())], do_sample_frames=False)
+    inputs = processor(text=[prompt_text(items, question)], return_tensors="pt", add_special_tokens=False, **media)
+    encoders = model.model
+    with torch.no_grad():
+        encoded: dict[str, Any] = {}
+        if "pixel_values" in inputs:
+            encoded["image"] = encoders.get_image_features(inputs["pixel_values"], inputs["image_position_ids"],
+                                                           return_dict=True)
+        if "pixel_values_videos" in inputs:
+            encoded["video"] = encoders.get_video_features(
+                inputs["pixel_values_videos"], inputs["video_position_ids"],
+                num_frames_per_video=inputs["num_frames_per_video"], return_dict=True)
+        ids, types = inputs["input_ids"], inputs["mm_token_type_ids"]
+        prompt = ids[0].tolist()
+        for _ in range(MAX_TOKENS):
+            logits = model(input_ids=ids, mm_token_type_ids=types, mm_encoder_outputs=dict(encoded)).logits[0, -1]
+            ids = torch.cat((ids, logits.argmax()[None, None]), dim=1)
+            types = torch.cat((types, types.new_zeros((1, 1))), dim=1)
+    return prompt, ids[0, len(prompt):].tolist()
+
+
+def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if "image" in items:
+        data["image"] = vl_chat.images((2,), salt)
+    if "video" in items:
+        data["video"] = [(frames(salt), metadata())]
+    return {"prompt": prompt_text(items, question), **({"multi_modal_data": data} if data else {})}
+
+
+def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(checkpoint, hf_vl, tmp_path):
+    """Four requests at once on 4 rows, prefill chunks of at most 160 tokens (a video of two frames is 145), then a long video
+    prompt twice: the second is a prefix-cache hit past the video."""
+    from vllm import SamplingParams
+
+    trace = tmp_path / "steps.jsonl"
+    llm = vl_chat.traced_llm(trace, model=str(checkpoint), max_model_len=512, max_num_seqs=4, block_size=32,
+                             max_num_batched_tokens=256, long_prefill_token_threshold=160,
+                             enable_chunked_prefill=True, enable_prefix_caching=True,
+                             limit_mm_per_prompt={"image": 1, "video": {"count": 1, "num_frames": FRAMES,
+                                                                        "width": 32, "height": 32}})
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    salts = range(len(REQUESTS))
+    mixed = llm.generate([vllm_prompt(items, salt) for items, salt in zip(REQUESTS, salts, strict=True)], greedy,
+                         use_tqdm=False)
+    long = [llm.generate([vllm_prompt(("video",), 7, LONG_QUESTION)], greedy, use_tqdm=False)[0] for _ in range(2)]
+    hits = metric_total(llm, "vllm:prefix_cache_hits")
+    del llm
+    expected = [hf_greedy(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
+    expected += [hf_greedy(hf_vl, ("video",), 7, LONG_QUESTION)] * 2
+    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in [*mixed, *long]]
+    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(i, g[1], e[1]) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g[1] != e[1]]
+    assert not mismatches, mismatches
+    assert got[0][1] != got[3][1], "different frames give different answers"
+    config = hf_vl[0].config
+    video_runs = vl_chat.image_runs(got[0][0], config.video_token_id)
+    assert len(video_runs) == FRAMES, "one placeholder run per frame"
+    vl_chat.assert_chunks_keep_images(trace, mixed, config.image_token_id)
+    chunked = vl_chat.assert_chunks_keep_images(trace, mixed, config.video_token_id, one_item=True)
+    assert chunked >= 1, "the image-plus-video prompt was prefilled in more than one chunk"
+    video_end = vl_chat.image_runs(got[4][0], config.video_token_id)[-1][1]
+    assert hits >= -(-video_end // 32) * 32, f"{hits} prefix-cache hit tokens: the repeat did not reuse the video"
