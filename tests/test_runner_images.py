@@ -245,14 +245,14 @@ def test_lanes_send_every_lanes_deltas_in_global_slot_order(vllm_config):
     assert decode[ROPE_DELTAS_KWARG] == [-17, 0, -3, 0]
 
 
-def test_an_audio_item_reaching_the_runner_names_the_request(vllm_config):
+def test_an_item_of_another_modality_reaching_the_runner_names_the_request(vllm_config):
     """Gathering the inputs is host work: its error is raised as itself, never as a
     TTDeviceError (which tells the operator the device state is lost), and no device call ran."""
     runner = make_runner(vllm_config, ImageRecorder)
     with pytest.raises(MultimodalInputError) as raised:
-        runner.execute_model(scheduler_output([vl_request("clip", PROMPT_1, [2], [image(1, 2, modality="audio")])],
+        runner.execute_model(scheduler_output([vl_request("clip", PROMPT_1, [2], [image(1, 2, modality="speech")])],
                                               scheduled={"clip": 7}))
-    assert "'clip' item 0 is 'audio'" in str(raised.value) and "image, video only" in str(raised.value)
+    assert "'clip' item 0 is 'speech'" in str(raised.value) and "image, video, audio only" in str(raised.value)
     assert not recorder(runner).called("prefill_forward")
 
 
@@ -276,6 +276,13 @@ def test_startup_keeps_the_video_limit_of_a_model_that_takes_video():
     restrict_modalities(config, "TTQwen2_5_VLForConditionalGeneration", ("image", "video"))
     mm = config.model_config.multimodal_config
     assert [mm.get_limit_per_prompt(m) for m in ("image", "video", "audio")] == [2, 1, 0]
+
+
+def test_startup_keeps_the_audio_limit_of_a_model_that_takes_audio():
+    config = mm_config_of(limit_per_prompt={"image": 1, "audio": 2, "video": 0})
+    restrict_modalities(config, "TTGemma4ForConditionalGeneration", ("image", "video", "audio"))
+    mm = config.model_config.multimodal_config
+    assert [mm.get_limit_per_prompt(m) for m in ("image", "video", "audio")] == [1, 0, 2]
 
 
 def test_startup_refuses_a_limit_asking_for_video_of_an_image_model():

@@ -26,7 +26,8 @@ from typing import Any
 from vllm_tt_testing.tiny_gemma3_vl import build_gemma_vl, gemma_tokenizer
 from vllm_tt_testing.tiny_vl import KINDS, built, synthetic_image, user_message
 
-__all__ = ["KINDS", "build_tiny_gemma4_unified", "build_tiny_gemma4_vl", "synthetic_image", "user_message"]
+__all__ = ["KINDS", "build_tiny_gemma4_audio", "build_tiny_gemma4_unified", "build_tiny_gemma4_vl", "synthetic_image",
+           "user_message"]
 
 PATCH = 4
 POOLING = 3
@@ -93,10 +94,20 @@ def build_processor(paragraphs: list[str], *, unified: bool = False) -> Any:
                      image_seq_length=MAX_SOFT_TOKENS)
 
 
-def build_config(tokenizer: Any, *, bidirectional: str | None = "vision", unified: bool = False) -> Any:
+AUDIO_CONFIG: dict[str, Any] = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 8],
+    conv_kernel_size=3, attention_chunk_size=4, attention_context_left=5, attention_context_right=0,
+    output_proj_dims=24, use_clipped_linears=True,
+)
+"""A tiny audio tower (``audio=True``): the feature extractor's 128 mel bins, two conformer layers
+attending 4 frames back, blocks of 4 queries."""
+
+
+def build_config(tokenizer: Any, *, bidirectional: str | None = "vision", unified: bool = False,
+                 audio: bool = False) -> Any:
     """The tiny model's config (``bidirectional``: its text config's ``use_bidirectional_attention``;
     ``unified``: Gemma 4 Unified's, with the encoder-free embedder and a text side without
-    per-layer inputs)."""
+    per-layer inputs; ``audio``: with ``AUDIO_CONFIG``, as the E-series checkpoints have one)."""
     from transformers import Gemma4Config
     from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
 
@@ -133,7 +144,7 @@ def build_config(tokenizer: Any, *, bidirectional: str | None = "vision", unifie
             default_output_length=MAX_SOFT_TOKENS, standardize=True,
             rope_parameters={"rope_type": "axial", "rope_theta": 100.0},
         ),
-        audio_config=None,
+        audio_config=AUDIO_CONFIG if audio else None,
         **ids,
     )
     config.architectures = ["Gemma4ForConditionalGeneration"]
@@ -166,6 +177,41 @@ def build_tiny_gemma4_unified(out: Path) -> Path:
                           processor_of=functools.partial(build_processor, unified=True),
                           config_of=functools.partial(build_config, unified=True), steps=TRAIN_STEPS,
                           prepare=randomise_vision_buffers, add_special_tokens=False)
+
+
+AUDIO_STAMP = ".vllm-tt-tiny-gemma4-audio.json"
+AUDIO_RECIPE = {**RECIPE, "audio": True}
+
+
+def build_tiny_gemma4_audio(out: Path) -> Path:
+    """The Gemma 4 checkpoint with an audio tower (``AUDIO_CONFIG``, as the E-series have) into
+    ``out``, idempotent per recipe: trained as the vision one is, its audio tower sharpened
+    (``sharpen_audio_tower``) so that the clip decides the answer."""
+    if built(out, AUDIO_STAMP, AUDIO_RECIPE):
+        return out
+    from transformers import Gemma4ForConditionalGeneration
+
+    def prepare(model: Any) -> None:
+        randomise_vision_buffers(model)
+        sharpen_audio_tower(model)
+
+    return build_gemma_vl(out, AUDIO_STAMP, AUDIO_RECIPE, model_class=Gemma4ForConditionalGeneration,
+                          processor_of=build_processor, config_of=functools.partial(build_config, audio=True),
+                          steps=TRAIN_STEPS, prepare=prepare, add_special_tokens=False)
+
+
+def sharpen_audio_tower(model: Any) -> None:
+    """Scale the audio tower's matrices and embedder up (clip vectors as large as embeddings, not
+    the 0.02 init's whisper) and give its per-dimension query scale (zeros at init) values."""
+    import torch
+
+    with torch.no_grad():
+        for name, weight in model.model.audio_tower.named_parameters():
+            if name.endswith("per_dim_scale"):
+                weight.normal_(0.0, 0.5)
+            elif weight.dim() >= 2:
+                weight.mul_(10.0)
+        model.model.embed_audio.embedding_projection.weight.mul_(20.0)
 
 
 def randomise_vision_buffers(model: Any) -> None:

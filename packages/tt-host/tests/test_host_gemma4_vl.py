@@ -346,13 +346,13 @@ def test_bad_image_inputs_are_refused(variant, model, processor):
     quarter = 4 if variant == UNIFIED else 12  # a 4x4 corner of the merged grid, or of the patch grid
     beyond, out_of_range = (64, "reach past mm_posemb_size") if variant == UNIFIED else (1, "do not fill")
     cases = [
-        ({"pixel_values": [None]}, "0 images and video frames sent, but the tokens hold 1"),
+        ({"pixel_values": [None]}, "0 images, video frames and clips sent, but the tokens hold 1"),
         ({"pixel_values": [pixels * 2], "pixel_position_ids": [positions]}, "one per image"),
         ({"pixel_values": [pixels]}, "pixel_position_ids must come with pixel_values"),
         ({"pixel_values": [[(pixels[0] * 255).to(torch.uint8)]], "pixel_position_ids": [positions]}, "uint8"),
         ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0][:10]]]}, "expected"),
         ({"pixel_values": [pixels], "pixel_position_ids": [[torch.where(positions[0] >= quarter, -1, positions[0])]]},
-         "makes 16 image tokens, its placeholder run"),
+         "image item 0 makes 16 tokens, its placeholder run"),
         ({"pixel_values": [pixels], "pixel_position_ids": [[positions[0] + beyond]]}, out_of_range),
         ({"pixel_values": [pixels, pixels], "pixel_position_ids": [positions]}, "list of 1 rows"),
     ]

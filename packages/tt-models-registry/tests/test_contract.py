@@ -169,7 +169,7 @@ def test_overrides_win_over_class_capabilities(generator_cls: type) -> None:
         ({"prefill_trace_lens": [128, 0]}, "positive ints"),
         ({"kv_cache_kinds": ["paged"]}, "kv_cache_kinds.*full_attention, sliding_window, mla, recurrent_state"),
         ({"kv_cache_kinds": []}, "non-empty list"),
-        ({"modalities": ["audio"]}, r"modalities'\] must be a non-empty list of image, video"),
+        ({"modalities": ["speech"]}, r"modalities'\] must be a non-empty list of image, video, audio"),
         ({"modalities": []}, "non-empty list"),
         ({"mixed_shapes": [[4, 0]]}, r"mixed_shapes'\] must be a list of \[decode_rows, chunk_tokens\] pairs"),
         ({"mixed_shapes": [[4]]}, "pairs of positive ints"),
@@ -194,8 +194,9 @@ def test_kv_cache_kinds_default_to_full_attention_and_keep_one_order() -> None:
 
 def test_modalities_default_to_images_and_keep_one_order() -> None:
     assert ModelCapabilities().modalities == ("image",)
-    assert ModelCapabilities.from_mapping({"modalities": ["video", "image"]}, owner="t").modalities == ("image", "video")
-    assert ModelCapabilities.json_schema()["properties"]["modalities"]["items"]["enum"] == ["image", "video"]
+    assert ModelCapabilities.from_mapping({"modalities": ["audio", "video", "image"]}, owner="t").modalities == (
+        "image", "video", "audio")
+    assert ModelCapabilities.json_schema()["properties"]["modalities"]["items"]["enum"] == ["image", "video", "audio"]
 
 
 def test_mixed_shapes_default_to_none_and_parse_as_sorted_pairs(generator_cls: type) -> None:

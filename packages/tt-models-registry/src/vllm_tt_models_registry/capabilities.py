@@ -14,9 +14,9 @@ KV_CACHE_KINDS = ("full_attention", "sliding_window", "mla", "recurrent_state", 
 """The KV cache kinds a model may hold: vLLM's full-attention, sliding-window, latent-attention
 (MLA) and recurrent-state (Mamba-family) specs."""
 
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video", "audio")
 """The multimodal inputs the contract carries to ``prefill_forward`` (``contract.IMAGE_KWARGS``,
-``contract.VIDEO_KWARGS``)."""
+``contract.VIDEO_KWARGS``, ``contract.AUDIO_KWARGS``)."""
 
 _CHOICE_LISTS = {"kv_cache_kinds": KV_CACHE_KINDS, "modalities": MODALITIES}
 """Capabilities that are a non-empty list drawn from a fixed vocabulary (kept in its order)."""

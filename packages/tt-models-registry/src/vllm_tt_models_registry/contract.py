@@ -23,6 +23,7 @@ __all__ = [
     "KV_TRANSFER_HANDLE",
     "KV_TRANSFER_METHODS",
     "VIDEO_KWARGS",
+    "AUDIO_KWARGS",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "BLOCK_KWARG",
@@ -276,6 +277,13 @@ patch), ``video_grid_thw`` int64 ``[3]`` and ``second_per_grid_ts`` (seconds one
 patch spans: the mRoPE temporal index steps by it times ``tokens_per_second``). Qwen3-VL: the
 first two; the processor puts each frame's timestamp as text between its placeholder runs."""
 
+AUDIO_KWARGS: tuple[str, ...] = ("input_features_padded", "input_features_mask")
+"""The audio keyword arguments of ``prefill_forward`` (a model declaring ``audio``), laid out as
+:data:`IMAGE_KWARGS` over the same item lists (``None`` at an image's or a video's place). Gemma
+4: ``input_features_padded`` ``[frames, mels]`` log-mel frames of one clip as vLLM's processor
+keeps them (its own frames, no batch padding) and ``input_features_mask`` ``[frames]`` (True: a
+real frame); the clip's tokens are one audio-token run between its markers."""
+
 CROSS_PAGE_TABLE_KWARG = "cross_page_table"
 """``prefill_forward``'s and ``decode_forward``'s argument for a model declaring the
 ``cross_attention`` KV kind (an encoder-decoder model: Llama 3.2 Vision): int32 ``[rows, width]``
@@ -401,7 +409,8 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS, *VIDEO_KWARGS),
+                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS, *VIDEO_KWARGS,
+                       *AUDIO_KWARGS),
         ),
         CallShape(
             "decode_forward",

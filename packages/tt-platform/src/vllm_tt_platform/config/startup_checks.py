@@ -450,9 +450,9 @@ def check_capabilities(
 
 def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, ...]) -> None:
     """A multimodal model takes the modalities it declares (``ModelCapabilities.modalities``)
-    only: a ``--limit-mm-per-prompt`` asking for another is refused; the others get a limit of
-    0, so vLLM's own front end answers such a request with a 400 instead of the engine failing
-    on it. An item's placeholder tokens are never split over two prefill chunks
+    only: a ``--limit-mm-per-prompt`` asking for another is refused; the others (video, audio)
+    get a limit of 0, so vLLM's own front end answers such a request with a 400 instead of the
+    engine failing on it. An item's placeholder tokens are never split over two prefill chunks
     (``disable_chunked_mm_input``): the contract sends images and videos whole, with the pass
     that computes their tokens."""
     model = vllm_config.model_config
@@ -476,7 +476,8 @@ def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, .
 
     if "video" not in served:
         mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
-    mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
+    if "audio" not in served:
+        mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
     vllm_config.scheduler_config.disable_chunked_mm_input = True
 
 

@@ -2,7 +2,7 @@
 
 Prefill: each row's images and videos, gathered from the request's vLLM ``mm_features`` (prompt
 order) into the row-aligned lists of :data:`~vllm_tt_models_registry.contract.IMAGE_KWARGS` and
-``VIDEO_KWARGS`` (the model runs its own vision encoder: the contract has no encoder cache, so
+``VIDEO_KWARGS`` and ``AUDIO_KWARGS`` (the model runs its own vision encoder: the contract has no encoder cache, so
 every prefill pass of a row carries all its items). mRoPE: the position delta each prefill returns is kept on the request
 (``RequestState.rope_delta``) and sent, slot-ordered, with every decode.
 """
@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_tt_models_registry.capabilities import MODALITIES
-from vllm_tt_models_registry.contract import CALLS, IMAGE_KWARGS, VIDEO_KWARGS
+from vllm_tt_models_registry.contract import AUDIO_KWARGS, CALLS, IMAGE_KWARGS, VIDEO_KWARGS
 
 from vllm_tt_platform.runner.batch import RequestState
 
 _PREFILL_ARGUMENTS = ({*CALLS["prefill_forward"].keywords, *CALLS["prefill_forward"].sometimes}
-                      - {*IMAGE_KWARGS, *VIDEO_KWARGS})
+                      - {*IMAGE_KWARGS, *VIDEO_KWARGS, *AUDIO_KWARGS})
 """``prefill_forward``'s own arguments: an image key of the same name would replace one of them."""
 
 

@@ -42,6 +42,11 @@ class Gemma4UnifiedConfig(Gemma4VLConfig):
     def read_vision(hf_vision: Any) -> Gemma4VisionConfig | UnifiedVisionConfig:
         return UnifiedVisionConfig.from_hf(hf_vision)
 
+    @staticmethod
+    def read_audio(hf_audio: Any) -> None:
+        """Unified's audio goes through its own embedder, not read here (the model takes images)."""
+        return None
+
 
 class Gemma4UnifiedDecoder(Gemma4VLDecoder):
     blocks_past_window = True

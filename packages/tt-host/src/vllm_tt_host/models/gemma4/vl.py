@@ -16,7 +16,10 @@ no video tower: vLLM's processor cuts a video into its sampled frames, each an i
 smaller token budget (``pixel_values_videos [frames, patches, 3 * P * P]``,
 ``pixel_position_ids_videos [frames, patches, 2]``), and writes each frame as its timestamp
 text and its own run of video tokens between begin and end markers; the tower embeds each
-frame, and a frame's tokens attend to each other as an image's do.
+frame, and a frame's tokens attend to each other as an image's do. A checkpoint with an
+``audio_config`` (the E-series) takes audio too: each clip's log-mel frames
+(``input_features_padded``, ``input_features_mask``) run through the audio tower (``audio``)
+into its run of audio tokens, which stay causal.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ from vllm_tt_host.models.frame.vision import (
     text_and_vision,
 )
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
+from vllm_tt_host.models.gemma4.audio import (
+    AUDIO_EMBEDDER_PREFIXES,
+    AUDIO_PREFIXES,
+    Gemma4AudioConfig,
+    Gemma4AudioTower,
+    load_audio_weights,
+)
 from vllm_tt_host.models.gemma4.embedder import Gemma4UnifiedEmbedder, UnifiedVisionConfig
 from vllm_tt_host.models.gemma4.model import (
     Gemma4Config,
@@ -71,11 +81,13 @@ class Gemma4VLConfig(Gemma4Config):
     """Every placeholder token (image, video, audio) of the checkpoint..."""
     pad_token_id: int = field(kw_only=True)
     """...embedded as this one."""
+    audio: Gemma4AudioConfig | None = field(default=None, kw_only=True)
+    """The audio tower's, for a checkpoint with an ``audio_config`` (the E-series)."""
 
     @classmethod
     def read(cls, hf_config: Any, family: str = "gemma4", *, n_layers: int | None = None) -> Gemma4VLConfig:
-        """Read a ``Gemma4Config`` (``text_config`` + ``vision_config``; an ``audio_config`` is
-        left unread: the host model takes images only)."""
+        """Read a ``Gemma4Config`` (``text_config`` + ``vision_config``, and ``audio_config``
+        where the checkpoint has one)."""
         model = model_name(hf_config)
         text_config, vision_config = text_and_vision(
             hf_config, "serve a Gemma 4 vision-language checkpoint, or a text one as Gemma4ForCausalLM",
@@ -88,11 +100,16 @@ class Gemma4VLConfig(Gemma4Config):
                                 "check the checkpoint's config.json")
         fields = {f.name: getattr(text, f.name) for f in dataclasses.fields(text)}
         return cls(**fields, vision=cls.read_vision(vision_config), image_token_id=ids["image_token_id"],
-                   placeholder_ids=tuple(ids.values()), pad_token_id=pad)
+                   placeholder_ids=tuple(ids.values()), pad_token_id=pad,
+                   audio=cls.read_audio(getattr(hf_config, "audio_config", None)))
 
     @staticmethod
     def read_vision(hf_vision: Any) -> Gemma4VisionConfig | UnifiedVisionConfig:
         return Gemma4VisionConfig.from_hf(hf_vision)
+
+    @staticmethod
+    def read_audio(hf_audio: Any) -> Gemma4AudioConfig | None:
+        return None if hf_audio is None else Gemma4AudioConfig.from_hf(hf_audio)
 
 
 def _token_id(hf_config: Any, name: str, model: str) -> int:
@@ -114,19 +131,39 @@ class PatchedImage:
     """A video frame: its tokens are the video token's."""
 
 
-PromptItem = PatchedImage | tuple[PatchedImage, ...] | None
-"""A prefill row's multimodal item: an image, a video's frames, or None (sent without data: inside
-the prefix-cache hit)."""
+@dataclass(frozen=True)
+class AudioClip:
+    """One audio clip as the Gemma 4 feature extractor made it."""
+
+    features: torch.Tensor
+    """``[frames, mels]``: log-mel frames."""
+    mask: torch.Tensor
+    """``[frames]``: True for a real frame."""
+
+
+PromptItem = PatchedImage | tuple[PatchedImage, ...] | AudioClip | None
+"""A prefill row's multimodal item: an image, a video's frames, an audio clip, or None (sent
+without data: inside the prefix-cache hit)."""
+
+
+def _kind(unit: PatchedImage | AudioClip) -> str:
+    """What a placeholder run holds: ``image``, ``video`` (one frame) or ``audio``."""
+    return "audio" if isinstance(unit, AudioClip) else "video" if unit.video else "image"
 
 
 class Gemma4VLDecoder(Gemma4Decoder):
     config: Gemma4VLConfig
 
-    def __init__(self, config: Gemma4VLConfig, weights: Any, tower: Gemma4VisionTower | Gemma4UnifiedEmbedder) -> None:
+    def __init__(self, config: Gemma4VLConfig, weights: Any, tower: Gemma4VisionTower | Gemma4UnifiedEmbedder,
+                 audio: Gemma4AudioTower | None = None) -> None:
         super().__init__(config, weights)
         self.tower = tower
+        self.audio = audio
+        """The audio tower, for a checkpoint with an ``audio_config``."""
         self.placeholders = torch.tensor(config.placeholder_ids)
-        self.video_token_id = config.placeholder_ids[PLACEHOLDER_IDS.index("video_token_id")]
+        self.kind_of = {token: name.removesuffix("_token_id")
+                        for name, token in zip(PLACEHOLDER_IDS, config.placeholder_ids, strict=True)}
+        """Placeholder token -> the kind of item its runs hold."""
 
     @classmethod
     def load(cls, folder: Path, config: Any) -> HostDecoder:
@@ -134,7 +171,8 @@ class Gemma4VLDecoder(Gemma4Decoder):
         names transformers 5 (or 4) wrote."""
         reader = WeightFolder(folder)
         text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
-        return cls(config, load_gemma4_weights(folder, config, text), cls.load_encoder(reader, config))
+        return cls(config, load_gemma4_weights(folder, config, text), cls.load_encoder(reader, config),
+                   _load_audio(reader, config))
 
     @staticmethod
     def load_encoder(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4VisionTower | Gemma4UnifiedEmbedder:
@@ -165,9 +203,9 @@ class Gemma4VLDecoder(Gemma4Decoder):
 
     def inserts(self, ids: torch.Tensor, start: int, items: list[PromptItem] | None,
                 row: int) -> PrefillInserts | None:
-        """Row ``row``'s image vectors for computing ``[start, len(ids))`` of its token history
-        ``ids``; ``items`` in prompt order (None: none sent). Each image and each video frame is
-        one placeholder run; only the runs the pass computes run the tower."""
+        """Row ``row``'s image and audio vectors for computing ``[start, len(ids))`` of its token
+        history ``ids``; ``items`` in prompt order (None: none sent). Each image, video frame and
+        audio clip is one placeholder run; only the runs the pass computes run their tower."""
         runs = self._runs(ids)
         if runs and runs[-1][1] == ids.shape[0]:
             raise HostModelInputError(
@@ -175,36 +213,46 @@ class Gemma4VLDecoder(Gemma4Decoder):
                 "without their end marker (the chunk end cuts an image: the runner must not split one across "
                 "prefill chunks)"
             )
-        video_runs = [bool(ids[first] == self.video_token_id) for first, _ in runs]
-        live = live_images(runs, start, _frames(items, runs, video_runs, start, row), row, "images and video frames")
+        kinds = [self.kind_of[int(ids[first])] for first, _ in runs]
+        live = live_images(runs, start, _frames(items, runs, kinds, start, row), row, "images, video frames and clips")
         if not live:
             return None
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
         index, vectors = [], []
-        for k, image in zip(live, computed_pixels(live, row, start), strict=True):
+        for k, unit in zip(live, computed_pixels(live, row, start), strict=True):
             first, stop = runs[k]
-            if image.video != video_runs[k]:
-                raise HostModelInputError(f"prefill row {row}: placeholder run {k} at {first}..{stop} is not a "
-                                          f"{'video frame' if image.video else 'image'}'s, as the items sent say")
-            features = self.tower(image.pixels, image.positions)
+            if _kind(unit) != kinds[k]:
+                raise HostModelInputError(f"prefill row {row}: placeholder run {k} at {first}..{stop} holds "
+                                          f"{kinds[k]} tokens, the item sent for it is {_kind(unit)}")
+            features = self._encode(unit, row)
             if features.shape[0] != stop - first:
                 raise HostModelInputError(
-                    f"prefill row {row}: image {k} ({image.pixels.shape[0]} patches) makes {features.shape[0]} image "
-                    f"tokens, its placeholder run at {first}..{stop} holds {stop - first}"
+                    f"prefill row {row}: {kinds[k]} item {k} makes {features.shape[0]} tokens, its placeholder run "
+                    f"at {first}..{stop} holds {stop - first}"
                 )
-            blocks[first:stop] = k
+            if not isinstance(unit, AudioClip):  # a clip's tokens stay causal
+                blocks[first:stop] = k
             lo = max(first, start)
             index.append(torch.arange(lo, stop) - start)
             vectors.append(features[lo - first :])
         return PrefillInserts(torch.cat(index), torch.cat(vectors), blocks)
 
     def _runs(self, ids: torch.Tensor) -> list[tuple[int, int]]:
-        """The image and video-frame placeholder runs of ``ids``, in order."""
-        return sorted(image_runs(ids, self.config.image_token_id) + image_runs(ids, self.video_token_id))
+        """The image, video-frame and audio placeholder runs of ``ids``, in order."""
+        return sorted(run for token in self.kind_of for run in image_runs(ids, token))
+
+    def _encode(self, unit: PatchedImage | AudioClip, row: int) -> torch.Tensor:
+        """An image's or frame's tokens through the vision tower, a clip's through the audio one."""
+        if not isinstance(unit, AudioClip):
+            return self.tower(unit.pixels, unit.positions)
+        if self.audio is None:
+            raise HostModelInputError(f"prefill row {row}: an audio clip was sent, but the checkpoint has no "
+                                      "audio_config (no audio tower)")
+        return self.audio(unit.features, unit.mask)
 
 
-def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], video_runs: list[bool], start: int,
-            row: int) -> list[PatchedImage | None] | None:
+def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], kinds: list[str], start: int,
+            row: int) -> list[PatchedImage | AudioClip | None] | None:
     """``items`` as one entry per placeholder run (a video: one per frame). An item sent
     without data counts as one run, which is right for an image; a video inside the prefix-cache
     hit has as many runs as frames, which its missing data does not say, so a pass that computes
@@ -213,7 +261,7 @@ def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], video_r
     computes = any(stop > start for _, stop in runs)
     if items is None or not computes:  # nothing to embed (a covered video's frames are not counted)
         return None
-    video_before = any(video and stop <= start for (_, stop), video in zip(runs, video_runs, strict=True))
+    video_before = any(kind == "video" and stop <= start for (_, stop), kind in zip(runs, kinds, strict=True))
     if None in items and video_before:
         raise HostModelInputError(
             f"prefill row {row}: a prefix-cache hit covers an item of a prompt with videos, and the pass computes "
@@ -223,28 +271,47 @@ def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], video_r
     return [frame for item in items for frame in (item if isinstance(item, tuple) else (item,))]
 
 
+def _load_audio(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4AudioTower | None:
+    """The audio tower and its embedder, for a config with an audio section."""
+    if config.audio is None:
+        return None
+    tower = reader.prefix(AUDIO_PREFIXES, "output_proj.weight", "audio tower")
+    embedder = reader.prefix(AUDIO_EMBEDDER_PREFIXES, "embedding_projection.weight", "audio embedder")
+    weights = load_audio_weights(reader, tower, embedder, config.audio)
+    expected = (config.hidden_size, config.audio.output_dims)
+    if tuple(weights.embedding.shape) != expected:
+        raise CheckpointError(f"{embedder}embedding_projection.weight in {reader.folder} has shape "
+                              f"{tuple(weights.embedding.shape)}, config.json implies {expected}")
+    return Gemma4AudioTower(config.audio, weights)
+
+
+ITEM_KWARGS: tuple[str, ...] = ("pixel_values", "pixel_position_ids", "pixel_values_videos",
+                                "pixel_position_ids_videos", "input_features_padded", "input_features_mask")
+"""What vLLM's Gemma 4 processor sends per item, in pairs: an image's, a video's, a clip's."""
+
+
 def row_items(kwargs: dict[str, Any], rows: int) -> list[list[PromptItem] | None]:
-    """The runner's row-aligned ``pixel_values`` / ``pixel_position_ids`` (per image
-    ``[patches, 3 * P * P]`` and ``[patches, 2]``, or with a leading 1) and
-    ``pixel_values_videos`` / ``pixel_position_ids_videos`` (per video ``[frames, patches, ...]``)
-    -> per row, its items in prompt order (None: none sent), an item None where neither is sent
-    (inside the prefix-cache hit)."""
-    columns = [per_row(kwargs.get(name), rows, name) for name in
-               ("pixel_values", "pixel_position_ids", "pixel_values_videos", "pixel_position_ids_videos")]
+    """The runner's row-aligned ``ITEM_KWARGS``: per image ``pixel_values [patches, 3 * P * P]``
+    and ``pixel_position_ids [patches, 2]`` (or with a leading 1), per video the same with a
+    leading frame axis (``..._videos``), per clip ``input_features_padded [frames, mels]`` and
+    ``input_features_mask [frames]`` -> per row, its items in prompt order (None: none sent), an
+    item None where nothing is sent for it (inside the prefix-cache hit)."""
+    columns = [per_row(kwargs.get(name), rows, name) for name in ITEM_KWARGS]
     out: list[list[PromptItem] | None] = []
-    for row, (pixels, xy, video, video_xy) in enumerate(zip(*columns, strict=True)):
-        count = max(len(entry) if entry else 0 for entry in (pixels, xy, video, video_xy))
+    for row, entries in enumerate(zip(*columns, strict=True)):
+        count = max(len(entry) if entry else 0 for entry in entries)
         if not count:
             out.append(None)
             continue
-        pixels, xy, video, video_xy = (entry or [None] * count for entry in (pixels, xy, video, video_xy))
-        if not len(pixels) == len(xy) == len(video) == len(video_xy) == count:
-            raise HostModelInputError(f"prefill row {row}: pixel_values, pixel_position_ids and their video "
-                                      "twins must list the same items, one per image or video (Gemma 4's "
-                                      "processor writes both of a pair)")
+        entries = tuple(entry or [None] * count for entry in entries)
+        if any(len(entry) != count for entry in entries):
+            raise HostModelInputError(f"prefill row {row}: {', '.join(ITEM_KWARGS)} must list the same items, one "
+                                      "per image, video or clip (Gemma 4's processor writes both of a pair)")
         items: list[PromptItem] = []
-        for k, (p, q, v, w) in enumerate(zip(pixels, xy, video, video_xy, strict=True)):
-            if v is not None:
+        for k, (p, q, v, w, a, m) in enumerate(zip(*entries, strict=True)):
+            if a is not None:
+                items.append(_clip(a, m, row, k))
+            elif v is not None:
                 frames, frame_xy = _patches(v, w, row, k, video=True)
                 items.append(tuple(PatchedImage(f, g, video=True) for f, g in zip(frames, frame_xy, strict=True)))
             elif p is not None:
@@ -254,6 +321,18 @@ def row_items(kwargs: dict[str, Any], rows: int) -> list[list[PromptItem] | None
                 items.append(None)
         out.append(items)
     return out
+
+
+def _clip(features: Any, mask: Any, row: int, k: int) -> AudioClip:
+    """Item ``k``'s checked clip: ``[frames, mels]`` floats and a ``[frames]`` mask (all real
+    when none is sent)."""
+    x = torch.as_tensor(features)
+    x = x[0] if x.dim() == 3 and x.shape[0] == 1 else x
+    real = torch.ones(x.shape[:1], dtype=torch.bool) if mask is None else torch.as_tensor(mask).reshape(-1).bool()
+    if x.dim() != 2 or real.shape != x.shape[:1]:
+        raise HostModelInputError(f"prefill row {row} item {k}: input_features_padded {tuple(x.shape)} and "
+                                  f"input_features_mask {tuple(real.shape)}; expected [frames, mels] and [frames]")
+    return AudioClip(x, real)
 
 
 def _patches(pixels: Any, positions: Any, row: int, k: int, *, video: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,13 +360,14 @@ def _patches(pixels: Any, positions: Any, row: int, k: int, *, video: bool) -> t
 
 @vllm_multimodal_processing(VllmGemma4)
 class HostGemma4ForConditionalGeneration(HostGemma4ForCausalLM):
-    """Gemma 4 with images and videos: prefill rows carry ``pixel_values`` and
+    """Gemma 4 with images, videos and audio: prefill rows carry ``pixel_values`` and
     ``pixel_position_ids`` (a video: ``pixel_values_videos`` and ``pixel_position_ids_videos``,
-    frame by frame); the rest is Gemma 4 text."""
+    frame by frame; a clip: ``input_features_padded`` and ``input_features_mask``); the rest is
+    Gemma 4 text."""
 
     family = "gemma4"
     model_capabilities: ClassVar[dict[str, Any]] = {**HostGemma4ForCausalLM.model_capabilities,
-                                                    "modalities": ("image", "video")}
+                                                    "modalities": ("image", "video", "audio")}
     config_type = Gemma4VLConfig
     decoder_type = Gemma4VLDecoder
     decoder: Gemma4VLDecoder
