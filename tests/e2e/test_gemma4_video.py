@@ -1,9 +1,9 @@
-"""Gemma 4 video (``TTGemma4ForConditionalGeneration``) through ``vllm.LLM`` on the host mesh
-backend. Gemma 4 has no video tower: vLLM's Gemma 4 processor cuts a video into its frames, runs
+"""Gemma 4 video (``TTGemma4ForConditionalGeneration`` and Gemma 4 Unified,
+``TTGemma4UnifiedForConditionalGeneration``) through ``vllm.LLM`` on the host mesh backend. Gemma 4 has no video tower: vLLM's Gemma 4 processor cuts a video into its frames, runs
 each through the image processor at 70 soft tokens and writes it as ``mm:ss`` timestamp text and
 its own run of video tokens between begin and end markers (``pixel_values_videos``,
-``pixel_position_ids_videos``); the host model embeds each frame with the vision tower, and a
-frame's tokens attend to each other as an image's do.
+``pixel_position_ids_videos``); the host model embeds each frame with the vision tower (Unified:
+its encoder-free embedder), and a frame's tokens attend to each other as an image's do.
 
 Videos go in as frames (``multi_modal_data={"video": [(frames, metadata)]}``), as vLLM's offline
 API takes them, so vLLM and transformers see the same pixels. transformers 5.20's
@@ -13,8 +13,8 @@ ids, frame patches), its ``get_video_features`` / ``get_image_features`` given t
 its forward over the resulting ``mm_encoder_outputs`` with the processor's ``mm_token_type_ids``
 (the bidirectional frame blocks), greedy token by token. Greedy outputs equal that oracle for
 text-only, one-video and image-plus-video prompts side by side, chunked without ending inside an
-image or video; the same video prompt sent again is served from the prefix cache past its
-video (vLLM then sends no frames for it)."""
+image or video; on Gemma 4 (Unified declares no prefix caching) the same video prompt sent again
+is served from the prefix cache past its video (vLLM then sends no frames for it)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ import numpy as np
 import pytest
 from vllm_tt_testing import tiny_gemma3_vl
 from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import BOS, IMAGE, TURN_END, TURN_START, VIDEO, build_tiny_gemma4_vl
+from vllm_tt_testing.tiny_gemma4_vl import (
+    BOS,
+    IMAGE,
+    TURN_END,
+    TURN_START,
+    VIDEO,
+    build_tiny_gemma4_unified,
+    build_tiny_gemma4_vl,
+)
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
 
 from tests.e2e import vl_chat
@@ -42,9 +50,24 @@ LONG_QUESTION = " ".join([QUESTION] * 12)
 """After one video this question makes a prompt whose full KV blocks reach past the video."""
 
 
+CHECKPOINTS: dict[str, tuple[str, Any]] = {
+    "Gemma4ForConditionalGeneration": ("tiny-gemma4-vl-trained", build_tiny_gemma4_vl),
+    "Gemma4UnifiedForConditionalGeneration": ("tiny-gemma4-unified-trained", build_tiny_gemma4_unified),
+}
+"""Each model's tiny trained checkpoint (the ones its image tests use)."""
+PREFIX_CACHING = {"Gemma4ForConditionalGeneration"}
+"""The models that declare prefix caching (Unified does not: an image token sees its whole image)."""
+
+
+@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+def arch(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def checkpoint():
-    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+def checkpoint(arch):
+    name, build = CHECKPOINTS[arch]
+    return cached(name, build, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +134,17 @@ def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION) -> 
     return {"prompt": prompt_text(items, question), **({"multi_modal_data": data} if data else {})}
 
 
-def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(checkpoint, hf_vl, tmp_path):
-    """Four requests at once on 4 rows, prefill chunks of at most 160 tokens (a video of two frames is 145), then a long video
-    prompt twice: the second is a prefix-cache hit past the video."""
+def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(arch, checkpoint, hf_vl, tmp_path):
+    """Four requests at once on 4 rows, prefill chunks of at most 160 tokens (a video of two
+    frames is 145), then a long video prompt twice: with prefix caching (Gemma 4) the second is
+    a hit past the video."""
     from vllm import SamplingParams
 
     trace = tmp_path / "steps.jsonl"
+    caching = arch in PREFIX_CACHING
     llm = vl_chat.traced_llm(trace, model=str(checkpoint), max_model_len=512, max_num_seqs=4, block_size=32,
                              max_num_batched_tokens=256, long_prefill_token_threshold=160,
-                             enable_chunked_prefill=True, enable_prefix_caching=True,
+                             enable_chunked_prefill=True, enable_prefix_caching=caching,
                              limit_mm_per_prompt={"image": 1, "video": {"count": 1, "num_frames": FRAMES,
                                                                         "width": 32, "height": 32}})
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -143,4 +168,7 @@ def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(
     chunked = vl_chat.assert_chunks_keep_images(trace, mixed, config.video_token_id, one_item=True)
     assert chunked >= 1, "the image-plus-video prompt was prefilled in more than one chunk"
     video_end = vl_chat.image_runs(got[4][0], config.video_token_id)[-1][1]
-    assert hits >= -(-video_end // 32) * 32, f"{hits} prefix-cache hit tokens: the repeat did not reuse the video"
+    if caching:
+        assert hits >= -(-video_end // 32) * 32, f"{hits} prefix-cache hit tokens: the repeat did not reuse the video"
+    else:
+        assert hits == 0

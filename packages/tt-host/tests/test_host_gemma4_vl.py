@@ -222,14 +222,11 @@ def hf_video_logits(hf, inputs: dict, both_ways: bool = True) -> torch.Tensor:
 
 def test_video_frames_match_transformers(variant, model, hf, processor):
     """Every position's logits of a one-video prompt and an image-plus-video prompt equal HF's:
-    each frame its own run of video tokens through the tower, attended both ways on the sliding
-    layers like an image (HF's causal reading is far off there). The two-item prompt prefilled in
+    each frame its own run of video tokens through the tower, attended both ways like an image (HF's causal reading is far off there). The two-item prompt prefilled in
     two chunks cut between image and video; a prefix-cache start past the video (vLLM sends no
     frames for it); a start past a covered video with an item after it to compute is refused
-    (the covered video's frame count is not sent). Gemma 4 Unified declares images only."""
-    if variant == UNIFIED:
-        assert HostGemma4UnifiedForConditionalGeneration.model_capabilities["modalities"] == ("image",)
-        return
+    (the covered video's frame count is not sent). Gemma 4 Unified's frames go through its
+    embedder, each seen whole on every layer as its images are."""
     video = hf.config.video_token_id
     for images in (0, 1):
         inputs = video_request(processor, 3 + images, images)

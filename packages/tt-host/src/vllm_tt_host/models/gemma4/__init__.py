@@ -16,5 +16,6 @@ FAMILY = HostFamily(
     tiny=("gemma4", "gemma4_e", "gemma4_moe", "gemma4_pages", "vllm_tt_testing.tiny_gemma4_vl"),
     capabilities={"TTGemma4ForCausalLM": SLIDING,
                   "TTGemma4ForConditionalGeneration": {**SLIDING, "modalities": ["image", "video", "audio"]},
-                  "TTGemma4UnifiedForConditionalGeneration": {**SLIDING, "supports_prefix_caching": False}},
+                  "TTGemma4UnifiedForConditionalGeneration": {**SLIDING, "supports_prefix_caching": False,
+                                                              "modalities": ["image", "video"]}},
 )

@@ -68,7 +68,7 @@ class HostGemma4UnifiedForConditionalGeneration(HostGemma4ForConditionalGenerati
     config_type = Gemma4UnifiedConfig
     decoder_type = Gemma4UnifiedDecoder
     model_capabilities = {**HostGemma4ForConditionalGeneration.model_capabilities, "supports_prefix_caching": False,
-                          "modalities": ("image",)}
+                          "modalities": ("image", "video")}
     """No prefix caching: a hit may start inside an image whose tokens reach further back than the
-    sliding window vLLM keeps (an image token sees its whole image on every layer). Images only:
-    Unified's video frames go through vLLM's own Unified video processor, not tested here."""
+    sliding window vLLM keeps (an image token sees its whole image on every layer). Images and
+    videos (frame by frame through the embedder); Unified's audio embedder is not read."""
