@@ -26,8 +26,8 @@ from typing import Any
 from vllm_tt_testing.tiny_gemma3_vl import build_gemma_vl, gemma_tokenizer
 from vllm_tt_testing.tiny_vl import KINDS, built, synthetic_image, user_message
 
-__all__ = ["KINDS", "build_tiny_gemma4_audio", "build_tiny_gemma4_unified", "build_tiny_gemma4_vl", "synthetic_image",
-           "user_message"]
+__all__ = ["KINDS", "build_tiny_gemma4_audio", "build_tiny_gemma4_unified", "build_tiny_gemma4_unified_audio",
+           "build_tiny_gemma4_vl", "synthetic_image", "user_message"]
 
 PATCH = 4
 POOLING = 3
@@ -107,7 +107,8 @@ def build_config(tokenizer: Any, *, bidirectional: str | None = "vision", unifie
                  audio: bool = False) -> Any:
     """The tiny model's config (``bidirectional``: its text config's ``use_bidirectional_attention``;
     ``unified``: Gemma 4 Unified's, with the encoder-free embedder and a text side without
-    per-layer inputs; ``audio``: with ``AUDIO_CONFIG``, as the E-series checkpoints have one)."""
+    per-layer inputs; ``audio``: with ``AUDIO_CONFIG``, as the E-series checkpoints have one, or
+    Unified's encoder-free audio config)."""
     from transformers import Gemma4Config
     from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
 
@@ -130,7 +131,7 @@ def build_config(tokenizer: Any, *, bidirectional: str | None = "vision", unifie
     )
     if unified:
         unified_config = Gemma4UnifiedConfig(
-            text_config=text, audio_config=None, **ids,
+            text_config=text, audio_config={} if audio else None, **ids,
             vision_config=dict(patch_size=PATCH, pooling_kernel_size=POOLING, mm_embed_dim=32, output_proj_dims=32,
                                mm_posemb_size=64, num_soft_tokens=MAX_SOFT_TOKENS),
         )
@@ -200,13 +201,36 @@ def build_tiny_gemma4_audio(out: Path) -> Path:
                           steps=TRAIN_STEPS, prepare=prepare, add_special_tokens=False)
 
 
+UNIFIED_AUDIO_STAMP = ".vllm-tt-tiny-gemma4-unified-audio.json"
+UNIFIED_AUDIO_RECIPE = {**UNIFIED_RECIPE, "audio": True}
+
+
+def build_tiny_gemma4_unified_audio(out: Path) -> Path:
+    """The Gemma 4 Unified checkpoint with its encoder-free audio embedder into ``out``,
+    idempotent per recipe: trained as the Unified one is, the embedder sharpened."""
+    if built(out, UNIFIED_AUDIO_STAMP, UNIFIED_AUDIO_RECIPE):
+        return out
+    from transformers import Gemma4UnifiedForConditionalGeneration
+
+    def prepare(model: Any) -> None:
+        randomise_vision_buffers(model)
+        sharpen_audio_tower(model)
+
+    return build_gemma_vl(out, UNIFIED_AUDIO_STAMP, UNIFIED_AUDIO_RECIPE,
+                          model_class=Gemma4UnifiedForConditionalGeneration,
+                          processor_of=functools.partial(build_processor, unified=True),
+                          config_of=functools.partial(build_config, unified=True, audio=True), steps=TRAIN_STEPS,
+                          prepare=prepare, add_special_tokens=False)
+
+
 def sharpen_audio_tower(model: Any) -> None:
     """Scale the audio tower's matrices and embedder up (clip vectors as large as embeddings, not
     the 0.02 init's whisper) and give its per-dimension query scale (zeros at init) values."""
     import torch
 
+    tower = getattr(model.model, "audio_tower", None)  # Gemma 4 Unified has none, only the embedder
     with torch.no_grad():
-        for name, weight in model.model.audio_tower.named_parameters():
+        for name, weight in ([] if tower is None else tower.named_parameters()):
             if name.endswith("per_dim_scale"):
                 weight.normal_(0.0, 0.5)
             elif weight.dim() >= 2:

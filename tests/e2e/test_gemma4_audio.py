@@ -1,8 +1,10 @@
 """Gemma 4 audio (``TTGemma4ForConditionalGeneration`` on a checkpoint with an ``audio_config``, as
-the E-series have) through ``vllm.LLM`` on the host mesh backend. vLLM's Gemma 4 processor turns
-each clip into log-mel frames (``input_features_padded``, ``input_features_mask``) and one audio
-token per four frames between the audio markers; the host model runs its audio tower (a
-conformer) and embedder and places the vectors at those tokens, causal like text.
+the E-series have, and Gemma 4 Unified) through ``vllm.LLM`` on the host mesh backend. vLLM's
+Gemma 4 processor turns each clip into log-mel frames (``input_features_padded``,
+``input_features_mask``) and one audio token per four frames between the audio markers; the host
+model runs its audio tower (a conformer) and embedder and places the vectors at those tokens,
+causal like text. Unified's processor cuts the waveform into frames of raw samples, one token
+each, which its encoder-free embedder projects.
 
 Clips go in as waveforms (``multi_modal_data={"audio": [(samples, rate)]}``). Greedy outputs equal
 transformers' ``generate()`` token for token, prompt ids included, for text-only, one-clip and
@@ -16,7 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import AUDIO, BOS, IMAGE, TURN_END, TURN_START, build_tiny_gemma4_audio
+from vllm_tt_testing.tiny_gemma4_vl import (
+    AUDIO,
+    BOS,
+    IMAGE,
+    TURN_END,
+    TURN_START,
+    build_tiny_gemma4_audio,
+    build_tiny_gemma4_unified_audio,
+)
 from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e import vl_chat
@@ -29,9 +39,17 @@ REQUESTS: list[tuple[str, ...]] = [("audio",), (), ("image", "audio"), ("audio",
 """The items of each prompt, in prompt order; the two one-clip prompts have different clips."""
 
 
-@pytest.fixture(scope="module")
-def checkpoint():
-    return cached("tiny-gemma4-audio-trained", build_tiny_gemma4_audio)
+CHECKPOINTS: dict[str, tuple[str, Any]] = {
+    "Gemma4ForConditionalGeneration": ("tiny-gemma4-audio-trained", build_tiny_gemma4_audio),
+    "Gemma4UnifiedForConditionalGeneration": ("tiny-gemma4-unified-audio-trained", build_tiny_gemma4_unified_audio),
+}
+"""Gemma 4 with its audio tower, Gemma 4 Unified with its encoder-free audio embedder."""
+
+
+@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+def checkpoint(request):
+    name, build = CHECKPOINTS[request.param]
+    return cached(name, build)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The host Gemma 4 audio tower and audio prompts (``TTGemma4ForConditionalGeneration`` with an
 ``audio_config``, as the E-series checkpoints have) against transformers' own
-``Gemma4ForConditionalGeneration``.
+``Gemma4ForConditionalGeneration``, and Gemma 4 Unified's encoder-free audio embedder (raw
+sample frames, one token each) against ``Gemma4UnifiedForConditionalGeneration``.
 
 A tiny random model (the recipe's processor and vision-language config plus ``AUDIO_CONFIG``: the
 feature extractor's 128 mel bins, two conformer layers attending 4 frames back in blocks of 4
@@ -16,9 +17,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoConfig, Gemma4ForConditionalGeneration
+from transformers import AutoConfig, Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
 from vllm_tt_host.device import HostMeshDevice
 from vllm_tt_host.models.frame.shapes import HostModelInputError
+from vllm_tt_host.models.gemma4.audio import Gemma4AudioConfig
+from vllm_tt_host.models.gemma4.embedder import UnifiedAudioConfig
+from vllm_tt_host.models.gemma4.unified import Gemma4UnifiedConfig, HostGemma4UnifiedForConditionalGeneration
 from vllm_tt_host.models.gemma4.vl import Gemma4VLConfig, HostGemma4ForConditionalGeneration
 from vllm_tt_host.tiny import corpus_text
 from vllm_tt_platform.mesh.shape import MeshShape
@@ -38,22 +42,34 @@ WIDTH = 24
 RATE = 16000
 
 
+UNIFIED = "unified"
+HF_CLASSES = {"gemma4": Gemma4ForConditionalGeneration, UNIFIED: Gemma4UnifiedForConditionalGeneration}
+HOST_CLASSES = {"gemma4": HostGemma4ForConditionalGeneration, UNIFIED: HostGemma4UnifiedForConditionalGeneration}
+"""Gemma 4 with its audio tower, and Gemma 4 Unified with its encoder-free audio embedder."""
+
+
+@pytest.fixture(scope="module", params=list(HF_CLASSES))
+def variant(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def processor():
+def processor(variant):
     paragraphs = [p.strip() for p in corpus_text().split("\n\n") if p.strip()]
-    return build_processor(paragraphs)
+    return build_processor(paragraphs, unified=variant == UNIFIED)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(processor, tmp_path_factory):
+def checkpoint(variant, processor, tmp_path_factory):
     torch.manual_seed(0)
-    hf = Gemma4ForConditionalGeneration(build_config(processor.tokenizer, audio=True))
+    hf = HF_CLASSES[variant](build_config(processor.tokenizer, audio=True, unified=variant == UNIFIED))
     randomise_vision_buffers(hf)
     with torch.no_grad():
         for weight in hf.model.language_model.parameters():
             if weight.dim() == 2:
                 weight.mul_(4.0)  # sharper logits than the 0.02 init
-        hf.model.embed_vision.embedding_projection.weight.mul_(20.0)
+        embedder = hf.model.embed_vision
+        (embedder.multimodal_embedder if variant == UNIFIED else embedder).embedding_projection.weight.mul_(20.0)
     sharpen_audio_tower(hf)
     folder = tmp_path_factory.mktemp("tiny-gemma4-audio")
     hf.save_pretrained(folder)
@@ -61,14 +77,13 @@ def checkpoint(processor, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hf(checkpoint):
-    return Gemma4ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
-                                                          attn_implementation="eager").eval()
+def hf(variant, checkpoint):
+    return HF_CLASSES[variant].from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")
-def model(checkpoint):
-    return HostGemma4ForConditionalGeneration.initialize_vllm_model(
+def model(variant, checkpoint):
+    return HOST_CLASSES[variant].initialize_vllm_model(
         AutoConfig.from_pretrained(checkpoint), HostMeshDevice(MeshShape(1, 1)), 4, WIDTH * BLOCK)
 
 
@@ -117,8 +132,9 @@ def hf_logits(hf, inputs: dict) -> torch.Tensor:
 
 
 def test_audio_tower_matches_transformers(model, hf, processor):
-    """Two clips in one batch (0.4 s and 0.25 s: the shorter padded), each through the tower:
-    the real frames' vectors equal HF's, and the tower's token count is the processor's."""
+    """Two clips in one batch (0.4 s and 0.25 s: the shorter padded), each through the tower
+    (Unified: the embedder): the real frames' vectors equal HF's, and the token count is the
+    processor's."""
     waves = [clip(1), clip(2, 0.25)]
     batch = processor.feature_extractor(waves, sampling_rate=RATE, return_tensors="pt")
     features, mask = batch["input_features"], batch["input_features_mask"]
@@ -160,7 +176,7 @@ def test_audio_inputs_are_refused_when_wrong(model, processor):
     kwargs = per_item(inputs)
     features = kwargs["input_features_padded"][0][0]
     for changed, message in (
-        ({"input_features_padded": [[features[:, :64]]]}, r"\[frames, 128\]"),
+        ({"input_features_padded": [[features[:, :64]]]}, rf"\[frames, {features.shape[1]}\]"),
         ({"input_features_padded": [[features[:-8]]], "input_features_mask": [[None]]}, "makes"),
         ({"input_features_mask": [[torch.ones(3, dtype=torch.bool)]]}, "expected"),
     ):
@@ -170,8 +186,12 @@ def test_audio_inputs_are_refused_when_wrong(model, processor):
             d.prefill([(0, len(ids))], **{**kwargs, **changed})
 
 
-def test_config_reads_the_audio_tower(checkpoint):
-    config = Gemma4VLConfig.read(AutoConfig.from_pretrained(checkpoint))
+def test_config_reads_the_audio_tower(variant, checkpoint):
+    config = (Gemma4UnifiedConfig if variant == UNIFIED else Gemma4VLConfig).read(AutoConfig.from_pretrained(checkpoint))
     audio = config.audio
-    assert audio is not None and (audio.channels, audio.chunk, audio.past, audio.future) == ((128, 8), 4, 4, 0)
+    if variant == UNIFIED:
+        assert isinstance(audio, UnifiedAudioConfig) and audio.embed_dim == 640
+        return
+    assert isinstance(audio, Gemma4AudioConfig)
+    assert (audio.channels, audio.chunk, audio.past, audio.future) == ((128, 8), 4, 4, 0)
     assert (audio.hidden_size, audio.num_heads, audio.output_dims, audio.clipped) == (32, 2, 24, True)

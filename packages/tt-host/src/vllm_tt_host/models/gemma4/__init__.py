@@ -17,5 +17,5 @@ FAMILY = HostFamily(
     capabilities={"TTGemma4ForCausalLM": SLIDING,
                   "TTGemma4ForConditionalGeneration": {**SLIDING, "modalities": ["image", "video", "audio"]},
                   "TTGemma4UnifiedForConditionalGeneration": {**SLIDING, "supports_prefix_caching": False,
-                                                              "modalities": ["image", "video"]}},
+                                                              "modalities": ["image", "video", "audio"]}},
 )

@@ -6,6 +6,10 @@ into one "model patch" (``pixel_values [patches, 3 * (P * k)**2]`` in ``[0, 1]``
 model patch becomes one image token on its own: LayerNorm, a dense projection, LayerNorm, plus a
 learned embedding of its column and of its row, LayerNorm, then an RMSNorm without a weight and
 the projection to the text width. No patch sees another.
+
+Audio is encoder-free too: the feature extractor cuts the waveform into frames of
+``audio_embed_dim`` raw samples, one audio token each, and every frame is RMS-normalised
+without a weight and projected to the text width (``embed_audio``).
 """
 
 from __future__ import annotations
@@ -125,3 +129,40 @@ class Gemma4UnifiedEmbedder:
         x = w.dense_norm.layer_norm(w.dense(x), LAYER_NORM_EPS)
         x = w.position_norm.layer_norm(x + w.positions[xy[:, 0], 0] + w.positions[xy[:, 1], 1], LAYER_NORM_EPS)
         return F.linear(rms_norm(x, torch.ones(()), c.rms_norm_eps), w.projection)
+
+
+@dataclass(frozen=True)
+class UnifiedAudioConfig:
+    """A ``gemma4_unified_audio`` config: samples per frame (one audio token each) and the norm's eps."""
+
+    embed_dim: int
+    """``audio_embed_dim``"""
+    rms_norm_eps: float
+
+    @classmethod
+    def from_hf(cls, hf_audio: Any) -> UnifiedAudioConfig:
+        return cls(positive_int(hf_audio, "audio_embed_dim", model_name(hf_audio)),
+                   float(getattr(hf_audio, "rms_norm_eps", 1e-6)))
+
+
+class Gemma4UnifiedAudioEmbedder:
+    """One clip's raw-sample frames -> its audio token vectors in the text width."""
+
+    def __init__(self, config: UnifiedAudioConfig, projection: torch.Tensor) -> None:
+        self.config = config
+        self.projection = projection
+        """``[text hidden, audio_embed_dim]``"""
+
+    def tokens(self, frames: int) -> int:
+        """Audio tokens of a clip of ``frames`` real frames: one each."""
+        return frames
+
+    @torch.no_grad()
+    def __call__(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``features [frames, audio_embed_dim]`` and ``mask [frames]`` -> ``[real frames, text hidden]``."""
+        if features.dim() != 2 or features.shape[1] != self.config.embed_dim or mask.shape != features.shape[:1]:
+            raise HostModelInputError(
+                f"audio input_features {tuple(features.shape)} with mask {tuple(mask.shape)}; expected "
+                f"[frames, {self.config.embed_dim}] (raw samples per frame) and [frames]")
+        real = features[mask.bool()].to(torch.float32)
+        return F.linear(rms_norm(real, torch.ones(()), self.config.rms_norm_eps), self.projection)

@@ -19,11 +19,14 @@ from vllm.model_executor.models.gemma4_unified import (
     Gemma4UnifiedForConditionalGeneration as VllmGemma4Unified,
 )
 
-from vllm_tt_host.models.frame.checkpoint import WeightFolder
+from vllm_tt_host.models.frame.checkpoint import WeightFolder, check_shapes
 from vllm_tt_host.models.frame.decoder import PrefillInserts
 from vllm_tt_host.models.frame.vllm_surface import vllm_multimodal_processing
+from vllm_tt_host.models.gemma4.audio import AUDIO_EMBEDDER_PREFIXES, Gemma4AudioTower
 from vllm_tt_host.models.gemma4.embedder import (
+    Gemma4UnifiedAudioEmbedder,
     Gemma4UnifiedEmbedder,
+    UnifiedAudioConfig,
     UnifiedVisionConfig,
     load_embedder_weights,
 )
@@ -43,9 +46,8 @@ class Gemma4UnifiedConfig(Gemma4VLConfig):
         return UnifiedVisionConfig.from_hf(hf_vision)
 
     @staticmethod
-    def read_audio(hf_audio: Any) -> None:
-        """Unified's audio goes through its own embedder, not read here (the model takes images)."""
-        return None
+    def read_audio(hf_audio: Any) -> UnifiedAudioConfig | None:
+        return None if hf_audio is None else UnifiedAudioConfig.from_hf(hf_audio)
 
 
 class Gemma4UnifiedDecoder(Gemma4VLDecoder):
@@ -60,6 +62,16 @@ class Gemma4UnifiedDecoder(Gemma4VLDecoder):
         vision = cast(UnifiedVisionConfig, config.vision)  # what read_vision makes
         return Gemma4UnifiedEmbedder(vision, load_embedder_weights(reader, vision))
 
+    @staticmethod
+    def load_audio(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4AudioTower | Gemma4UnifiedAudioEmbedder:
+        """The encoder-free audio embedder (``config.audio`` is set)."""
+        audio = cast(UnifiedAudioConfig, config.audio)  # what read_audio makes
+        prefix = reader.prefix(AUDIO_EMBEDDER_PREFIXES, "embedding_projection.weight", "audio embedder")
+        projection = reader.tensor(f"{prefix}embedding_projection.weight")
+        check_shapes({f"{prefix}embedding_projection.weight": (projection, (config.hidden_size, audio.embed_dim))},
+                     reader.folder, implied_by="the text and audio configs")
+        return Gemma4UnifiedAudioEmbedder(audio, projection)
+
 
 @vllm_multimodal_processing(VllmGemma4Unified)
 class HostGemma4UnifiedForConditionalGeneration(HostGemma4ForConditionalGeneration):
@@ -68,7 +80,7 @@ class HostGemma4UnifiedForConditionalGeneration(HostGemma4ForConditionalGenerati
     config_type = Gemma4UnifiedConfig
     decoder_type = Gemma4UnifiedDecoder
     model_capabilities = {**HostGemma4ForConditionalGeneration.model_capabilities, "supports_prefix_caching": False,
-                          "modalities": ("image", "video")}
+                          "modalities": ("image", "video", "audio")}
     """No prefix caching: a hit may start inside an image whose tokens reach further back than the
-    sliding window vLLM keeps (an image token sees its whole image on every layer). Images and
-    videos (frame by frame through the embedder); Unified's audio embedder is not read."""
+    sliding window vLLM keeps (an image token sees its whole image on every layer). Images,
+    videos (frame by frame through the embedder) and audio (through its audio embedder)."""

@@ -33,7 +33,7 @@ import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as VllmGemma4
 from vllm_tt_platform.errors import TTConfigError
 
-from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder
+from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder, check_shapes
 from vllm_tt_host.models.frame.config import model_name
 from vllm_tt_host.models.frame.decoder import HostDecoder, PrefillInserts
 from vllm_tt_host.models.frame.inputs import PrefillRow
@@ -53,7 +53,12 @@ from vllm_tt_host.models.gemma4.audio import (
     Gemma4AudioTower,
     load_audio_weights,
 )
-from vllm_tt_host.models.gemma4.embedder import Gemma4UnifiedEmbedder, UnifiedVisionConfig
+from vllm_tt_host.models.gemma4.embedder import (
+    Gemma4UnifiedAudioEmbedder,
+    Gemma4UnifiedEmbedder,
+    UnifiedAudioConfig,
+    UnifiedVisionConfig,
+)
 from vllm_tt_host.models.gemma4.model import (
     Gemma4Config,
     Gemma4Decoder,
@@ -81,8 +86,9 @@ class Gemma4VLConfig(Gemma4Config):
     """Every placeholder token (image, video, audio) of the checkpoint..."""
     pad_token_id: int = field(kw_only=True)
     """...embedded as this one."""
-    audio: Gemma4AudioConfig | None = field(default=None, kw_only=True)
-    """The audio tower's, for a checkpoint with an ``audio_config`` (the E-series)."""
+    audio: Gemma4AudioConfig | UnifiedAudioConfig | None = field(default=None, kw_only=True)
+    """The audio tower's (Unified: its audio embedder's), for a checkpoint with an ``audio_config``
+    (the E-series)."""
 
     @classmethod
     def read(cls, hf_config: Any, family: str = "gemma4", *, n_layers: int | None = None) -> Gemma4VLConfig:
@@ -108,7 +114,7 @@ class Gemma4VLConfig(Gemma4Config):
         return Gemma4VisionConfig.from_hf(hf_vision)
 
     @staticmethod
-    def read_audio(hf_audio: Any) -> Gemma4AudioConfig | None:
+    def read_audio(hf_audio: Any) -> Gemma4AudioConfig | UnifiedAudioConfig | None:
         return None if hf_audio is None else Gemma4AudioConfig.from_hf(hf_audio)
 
 
@@ -155,7 +161,7 @@ class Gemma4VLDecoder(Gemma4Decoder):
     config: Gemma4VLConfig
 
     def __init__(self, config: Gemma4VLConfig, weights: Any, tower: Gemma4VisionTower | Gemma4UnifiedEmbedder,
-                 audio: Gemma4AudioTower | None = None) -> None:
+                 audio: Gemma4AudioTower | Gemma4UnifiedAudioEmbedder | None = None) -> None:
         super().__init__(config, weights)
         self.tower = tower
         self.audio = audio
@@ -172,7 +178,7 @@ class Gemma4VLDecoder(Gemma4Decoder):
         reader = WeightFolder(folder)
         text = reader.prefix(TEXT_PREFIXES, "embed_tokens.weight", "text decoder")
         return cls(config, load_gemma4_weights(folder, config, text), cls.load_encoder(reader, config),
-                   _load_audio(reader, config))
+                   None if config.audio is None else cls.load_audio(reader, config))
 
     @staticmethod
     def load_encoder(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4VisionTower | Gemma4UnifiedEmbedder:
@@ -186,6 +192,18 @@ class Gemma4VLDecoder(Gemma4Decoder):
             raise CheckpointError(f"{embedder}embedding_projection.weight in {reader.folder} has shape "
                                   f"{tuple(weights.embedding.shape)}, config.json implies {expected}")
         return Gemma4VisionTower(vision, weights)
+
+    @staticmethod
+    def load_audio(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4AudioTower | Gemma4UnifiedAudioEmbedder:
+        """The audio tower and its embedder (``config.audio`` is set)."""
+        audio = cast(Gemma4AudioConfig, config.audio)  # what read_audio makes
+        tower = reader.prefix(AUDIO_PREFIXES, "output_proj.weight", "audio tower")
+        embedder = reader.prefix(AUDIO_EMBEDDER_PREFIXES, "embedding_projection.weight", "audio embedder")
+        weights = load_audio_weights(reader, tower, embedder, audio)
+        check_shapes({f"{embedder}embedding_projection.weight": (weights.embedding, (config.hidden_size,
+                                                                                     audio.output_dims))},
+                     reader.folder, implied_by="the text and audio configs")
+        return Gemma4AudioTower(audio, weights)
 
     def _as_text(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` with every placeholder token replaced by the pad token."""
@@ -269,20 +287,6 @@ def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], kinds: 
             "with several videos or images after a video with --no-enable-prefix-caching)"
         )
     return [frame for item in items for frame in (item if isinstance(item, tuple) else (item,))]
-
-
-def _load_audio(reader: WeightFolder, config: Gemma4VLConfig) -> Gemma4AudioTower | None:
-    """The audio tower and its embedder, for a config with an audio section."""
-    if config.audio is None:
-        return None
-    tower = reader.prefix(AUDIO_PREFIXES, "output_proj.weight", "audio tower")
-    embedder = reader.prefix(AUDIO_EMBEDDER_PREFIXES, "embedding_projection.weight", "audio embedder")
-    weights = load_audio_weights(reader, tower, embedder, config.audio)
-    expected = (config.hidden_size, config.audio.output_dims)
-    if tuple(weights.embedding.shape) != expected:
-        raise CheckpointError(f"{embedder}embedding_projection.weight in {reader.folder} has shape "
-                              f"{tuple(weights.embedding.shape)}, config.json implies {expected}")
-    return Gemma4AudioTower(config.audio, weights)
 
 
 ITEM_KWARGS: tuple[str, ...] = ("pixel_values", "pixel_position_ids", "pixel_values_videos",
