@@ -105,6 +105,17 @@ class ContractDriver:
         self.freed = 0
         self._null = [[t[0].clone() for t in self._tensors(lane)] for lane in range(len(kv))]
 
+    @classmethod
+    def per_layer(cls, model: Any, num_blocks: int, block: int, **kwargs: Any) -> ContractDriver:
+        """Hybrid KV as vLLM lays it out for a model with per-layer KV shapes: each layer its own
+        shape in its own storage slot, a KV-shared layer its source's; one group per window."""
+        cfg = model.config
+        kv = model.allocate_kv_cache_per_layer([
+            ((num_blocks, cfg.kv_heads_of(i), block, cfg.head_dim_of(i)), torch.float32, cfg.kv_source(i))
+            for i in range(cfg.num_layers)
+        ])
+        return cls(model, kv, [cfg.window(i) for i in range(cfg.num_layers)], **kwargs)
+
     # ---- state ------------------------------------------------------------------------
 
     def _tensors(self, lane: int) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ from vllm_tt_testing.tiny_gemma3_vl import build_gemma_vl, gemma_tokenizer
 from vllm_tt_testing.tiny_vl import KINDS, built, synthetic_image, user_message
 
 __all__ = ["KINDS", "build_tiny_gemma4_audio", "build_tiny_gemma4_unified", "build_tiny_gemma4_unified_audio",
-           "build_tiny_gemma4_vl", "synthetic_image", "user_message"]
+           "build_tiny_gemma4_vl", "random_gemma4", "synthetic_image", "user_message"]
 
 PATCH = 4
 POOLING = 3
@@ -236,6 +236,30 @@ def sharpen_audio_tower(model: Any) -> None:
             elif weight.dim() >= 2:
                 weight.mul_(10.0)
         model.model.embed_audio.embedding_projection.weight.mul_(20.0)
+
+
+def random_gemma4(processor: Any, *, bidirectional: str | None = "vision", unified: bool = False,
+                  audio: bool = False) -> Any:
+    """An untrained tiny Gemma 4 (``unified``: Unified) model for host parity tests, seeded: the
+    recipe's config (``build_config``'s options), the vision buffers randomised, the text side's
+    matrices scaled up (sharper logits than the 0.02 init), image and clip vectors as large as
+    embeddings."""
+    import torch
+    from transformers import Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = build_config(processor.tokenizer, bidirectional=bidirectional, unified=unified, audio=audio)
+    model = (Gemma4UnifiedForConditionalGeneration if unified else Gemma4ForConditionalGeneration)(config)
+    randomise_vision_buffers(model)
+    with torch.no_grad():
+        for weight in model.model.language_model.parameters():
+            if weight.dim() == 2:
+                weight.mul_(4.0)
+        embedder = model.model.embed_vision
+        (embedder.multimodal_embedder if unified else embedder).embedding_projection.weight.mul_(20.0)
+    if audio:
+        sharpen_audio_tower(model)
+    return model
 
 
 def randomise_vision_buffers(model: Any) -> None:

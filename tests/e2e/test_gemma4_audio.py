@@ -74,7 +74,6 @@ def prompt_text(items: tuple[str, ...]) -> str:
 
 def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, text: str | None = None,
                 ) -> tuple[list[int], list[int]]:
-    import torch
 
     model, processor = hf_vl
     media: dict[str, Any] = {}
@@ -84,10 +83,7 @@ def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, text:
         media.update(audio=[clip(salt)], audio_kwargs={"truncation": False})
     inputs = processor(text=[prompt_text(items) if text is None else text], return_tensors="pt",
                        add_special_tokens=False, **media)
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
-    prompt = inputs["input_ids"][0].tolist()
-    return prompt, out[0, len(prompt):].tolist()
+    return vl_chat.greedy_of(model, inputs, MAX_TOKENS)
 
 
 def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
@@ -96,7 +92,7 @@ def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
         data["image"] = vl_chat.images((2,), salt)
     if "audio" in items:
         data["audio"] = [(clip(salt), RATE)]
-    return {"prompt": prompt_text(items), **({"multi_modal_data": data} if data else {})}
+    return vl_chat.item_prompt(prompt_text(items), data)
 
 
 def test_llm_generate_with_audio_equals_transformers_chunked(checkpoint, hf_vl, tmp_path):
@@ -114,10 +110,7 @@ def test_llm_generate_with_audio_equals_transformers_chunked(checkpoint, hf_vl, 
                            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
     del llm
     expected = [hf_generate(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
-    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
-    mismatches = [(items, g[1], e[1]) for items, g, e in zip(REQUESTS, got, expected, strict=True) if g[1] != e[1]]
-    assert not mismatches, mismatches
+    got = vl_chat.assert_outputs_equal_hf(REQUESTS, results, expected)
     assert got[0][1] != got[3][1], "different clips give different answers"
     config = hf_vl[0].config
     assert len(vl_chat.image_runs(got[0][0], config.audio_token_id)) == 1

@@ -131,7 +131,7 @@ def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION) -> 
         data["image"] = vl_chat.images((2,), salt)
     if "video" in items:
         data["video"] = [(frames(salt), metadata())]
-    return {"prompt": prompt_text(items, question), **({"multi_modal_data": data} if data else {})}
+    return vl_chat.item_prompt(prompt_text(items, question), data)
 
 
 def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(arch, checkpoint, hf_vl, tmp_path):
@@ -156,10 +156,7 @@ def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(
     del llm
     expected = [hf_greedy(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
     expected += [hf_greedy(hf_vl, ("video",), 7, LONG_QUESTION)] * 2
-    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in [*mixed, *long]]
-    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
-    mismatches = [(i, g[1], e[1]) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g[1] != e[1]]
-    assert not mismatches, mismatches
+    got = vl_chat.assert_outputs_equal_hf([*REQUESTS, "long", "long again"], [*mixed, *long], expected)
     assert got[0][1] != got[3][1], "different frames give different answers"
     config = hf_vl[0].config
     video_runs = vl_chat.image_runs(got[0][0], config.video_token_id)

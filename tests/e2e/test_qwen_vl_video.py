@@ -77,7 +77,6 @@ def prompt_text(items: tuple[str, ...]) -> str:
 
 
 def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int) -> tuple[list[int], list[int]]:
-    import torch
     from transformers.video_utils import VideoMetadata
 
     model, processor = hf_vl
@@ -88,10 +87,7 @@ def hf_generate(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int) -> tu
         meta = {k: v for k, v in metadata().items() if k != "do_sample_frames"}
         media.update(videos=[vl_chat.video_frames(salt)], video_metadata=[VideoMetadata(**meta)], do_sample_frames=False)
     inputs = processor(text=[prompt_text(items)], return_tensors="pt", **media)
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
-    prompt = inputs["input_ids"][0].tolist()
-    return prompt, out[0, len(prompt):].tolist()
+    return vl_chat.greedy_of(model, inputs, MAX_TOKENS)
 
 
 def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
@@ -100,7 +96,7 @@ def vllm_prompt(items: tuple[str, ...], salt: int) -> dict[str, Any]:
         data["image"] = vl_chat.images((2,), salt)
     if "video" in items:
         data["video"] = [(vl_chat.video_frames(salt), metadata())]
-    return {"prompt": prompt_text(items), **({"multi_modal_data": data} if data else {})}
+    return vl_chat.item_prompt(prompt_text(items), data)
 
 
 def test_llm_generate_with_videos_equals_transformers_chunked(arch, checkpoint, hf_vl, tmp_path):
@@ -123,10 +119,7 @@ def test_llm_generate_with_videos_equals_transformers_chunked(arch, checkpoint, 
                            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
     del llm
     expected = [hf_generate(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
-    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
-    mismatches = [(items, g[1], e[1]) for items, g, e in zip(REQUESTS, got, expected, strict=True) if g[1] != e[1]]
-    assert not mismatches, mismatches
+    got = vl_chat.assert_outputs_equal_hf(REQUESTS, results, expected)
     if arch in TELLS_FRAMES_APART:
         assert got[0][1] != got[3][1], "different frames give different answers"
     config = hf_vl[0].config

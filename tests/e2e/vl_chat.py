@@ -70,17 +70,28 @@ def hf_generate(hf_vl: tuple[Any, Any], kinds: tuple[int, ...], max_tokens: int,
     the processor takes one list of images per prompt (Gemma 3); ``add_special_tokens`` off
     tokenizes as a chat endpoint does (the rendered template already holds bos);
     ``processor_kwargs``: what the request passes as vLLM's ``mm_processor_kwargs``."""
-    import torch
 
     model, processor = hf_vl
     pictures = images(kinds, salt, size)
     inputs = processor(text=[chat_text(processor, len(kinds), question)],
                        images=([pictures] if nested else pictures) if pictures else None,
                        return_tensors="pt", add_special_tokens=add_special_tokens, **(processor_kwargs or {}))
+    return greedy_of(model, inputs, max_tokens)
+
+
+def greedy_of(model: Any, inputs: Any, max_tokens: int) -> tuple[list[int], list[int]]:
+    """transformers' (prompt ids, greedy new tokens) of ``generate()`` on the processor's ``inputs``."""
+    import torch
+
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     prompt = inputs["input_ids"][0].tolist()
     return prompt, out[0, len(prompt):].tolist()
+
+
+def item_prompt(text: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A ``vllm.LLM`` prompt: ``text`` with its ``multi_modal_data`` (none when ``data`` is empty)."""
+    return {"prompt": text, **({"multi_modal_data": data} if data else {})}
 
 
 def image_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
@@ -251,7 +262,6 @@ def hf_generate_video(hf_vl: tuple[Any, Any], video: tuple[Any, dict[str, Any]],
     of them, as ``served_video`` returns) and the question, tokenized as a chat endpoint does
     (no bos added). Its processor samples frames as its defaults say; vLLM's keeps the same
     frames when the loader kept every frame (Qwen3-VL's then samples again, Qwen2.5-VL's not)."""
-    import torch
     from transformers.video_utils import VideoMetadata
 
     model, processor = hf_vl
@@ -261,10 +271,7 @@ def hf_generate_video(hf_vl: tuple[Any, Any], video: tuple[Any, dict[str, Any]],
     clock = VideoMetadata(**{k: v for k, v in metadata.items() if k != "do_sample_frames"})
     inputs = processor(text=[text], videos=[frames], video_metadata=[clock], return_tensors="pt",
                        add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
-    prompt = inputs["input_ids"][0].tolist()
-    return prompt, out[0, len(prompt):].tolist()
+    return greedy_of(model, inputs, max_tokens)
 
 
 def video_parts(salts: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -316,3 +323,13 @@ def assert_every_lane_prefilled_an_image(trace: Path, log: Path, rows: int, text
     longest = [max(lane.values(), default=0) for lane in lanes]
     assert min(longest) > text_only_tokens, (longest, text_only_tokens)
 
+
+def assert_outputs_equal_hf(keys: list[Any], results: Any, expected: list[tuple[list[int], list[int]]],
+                            ) -> list[tuple[list[int], list[int]]]:
+    """``vllm.LLM`` outputs ``results`` equal transformers' ``expected`` (prompt ids, greedy tokens)
+    request by request (``keys`` name them in the failure); returns vLLM's."""
+    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
+    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(k, g[1], e[1]) for k, g, e in zip(keys, got, expected, strict=True) if g[1] != e[1]]
+    assert not mismatches, mismatches
+    return got

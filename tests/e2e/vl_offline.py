@@ -48,10 +48,7 @@ def assert_chunked_preempted_equal_hf(checkpoint: Path, hf_vl: tuple[Any, Any], 
     preemptions = metric_total(llm, "vllm:num_preemptions")
     del llm
     expected = [vl_chat.hf_generate(hf_vl, k, max_tokens, question=question) for k in requests]
-    got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-    assert [g[0] for g in got] == [e[0] for e in expected], "vLLM's expanded prompt ids equal HF's"
-    mismatches = [(k, g[1], e[1]) for k, g, e in zip(requests, got, expected, strict=True) if g[1] != e[1]]
-    assert not mismatches, mismatches
+    got = vl_chat.assert_outputs_equal_hf(requests, results, expected)
     chunked = vl_chat.assert_chunks_keep_images(trace, results, hf_vl[0].config.image_token_id)
     assert chunked >= 2, "the two-image prompts were prefilled in more than one chunk"
     assert preemptions > 0, f"{kv_blocks} blocks for 4 rows of up to 192 tokens each must preempt"
@@ -85,10 +82,7 @@ def assert_gemma_rounds_equal_hf(checkpoint: Path, hf_vl: tuple[Any, Any], trace
     for kinds, salt, tokens, results in ((requests, 5, max_tokens, mixed),
                                          (long_requests, 30, GEMMA_LONG_TOKENS, long)):
         want = [vl_chat.hf_generate(hf_vl, k, tokens, salt + i, nested=True) for i, k in enumerate(kinds)]
-        got = [(list(r.prompt_token_ids), list(r.outputs[0].token_ids)) for r in results]
-        assert [g[0] for g in got] == [w[0] for w in want], "vLLM's expanded prompt ids equal HF's"
-        mismatches = [(k, g[1], w[1]) for k, g, w in zip(kinds, got, want, strict=True) if g[1] != w[1]]
-        assert not mismatches, mismatches
+        vl_chat.assert_outputs_equal_hf(kinds, results, want)
     chunked = vl_chat.assert_chunks_keep_images(trace, [*mixed, *long], hf_vl[0].config.image_token_id)
     assert chunked >= 4, "the image prompts were prefilled in chunks"
     assert preemptions > 0 and vl_chat.preempted_while_decoding(trace, long), "requests were preempted while decoding"

@@ -28,12 +28,7 @@ from vllm_tt_host.tiny import corpus_text
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_every_position_matches
-from vllm_tt_testing.tiny_gemma4_vl import (
-    build_config,
-    build_processor,
-    randomise_vision_buffers,
-    sharpen_audio_tower,
-)
+from vllm_tt_testing.tiny_gemma4_vl import build_processor, random_gemma4
 from vllm_tt_testing.tiny_vl import synthetic_image, user_message
 
 BLOCK = 16
@@ -61,16 +56,7 @@ def processor(variant):
 
 @pytest.fixture(scope="module")
 def checkpoint(variant, processor, tmp_path_factory):
-    torch.manual_seed(0)
-    hf = HF_CLASSES[variant](build_config(processor.tokenizer, audio=True, unified=variant == UNIFIED))
-    randomise_vision_buffers(hf)
-    with torch.no_grad():
-        for weight in hf.model.language_model.parameters():
-            if weight.dim() == 2:
-                weight.mul_(4.0)  # sharper logits than the 0.02 init
-        embedder = hf.model.embed_vision
-        (embedder.multimodal_embedder if variant == UNIFIED else embedder).embedding_projection.weight.mul_(20.0)
-    sharpen_audio_tower(hf)
+    hf = random_gemma4(processor, unified=variant == UNIFIED, audio=True)
     folder = tmp_path_factory.mktemp("tiny-gemma4-audio")
     hf.save_pretrained(folder)
     return folder
@@ -116,12 +102,7 @@ def per_item(inputs: dict) -> dict:
 
 
 def driver(model) -> ContractDriver:
-    cfg = model.config
-    kv = model.allocate_kv_cache_per_layer([
-        ((NUM_BLOCKS, cfg.kv_heads_of(i), BLOCK, cfg.head_dim_of(i)), torch.float32, cfg.kv_source(i))
-        for i in range(cfg.num_layers)
-    ])
-    return ContractDriver(model, kv, [cfg.window(i) for i in range(cfg.num_layers)], width=WIDTH, spoil="nan")
+    return ContractDriver.per_layer(model, NUM_BLOCKS, BLOCK, width=WIDTH, spoil="nan")
 
 
 def hf_logits(hf, inputs: dict) -> torch.Tensor:

@@ -30,7 +30,7 @@ from vllm_tt_platform.errors import TTConfigError, TTUnsupportedFeatureError
 from vllm_tt_platform.mesh.shape import MeshShape
 from vllm_tt_testing.contract_driver import ContractDriver
 from vllm_tt_testing.parity import assert_every_position_matches
-from vllm_tt_testing.tiny_gemma4_vl import build_config, build_processor, randomise_vision_buffers
+from vllm_tt_testing.tiny_gemma4_vl import build_processor, random_gemma4
 from vllm_tt_testing.tiny_vl import synthetic_image, user_message
 
 BLOCK = 16
@@ -60,18 +60,7 @@ def processor(variant):
 
 @pytest.fixture(scope="module")
 def checkpoint(variant, processor, tmp_path_factory):
-    torch.manual_seed(0)
-    config = build_config(processor.tokenizer, bidirectional=None if variant == "causal" else "vision",
-                          unified=variant == UNIFIED)
-    hf = HF_CLASSES[variant == UNIFIED](config)
-    randomise_vision_buffers(hf)
-    with torch.no_grad():
-        for weight in hf.model.language_model.parameters():
-            if weight.dim() == 2:
-                weight.mul_(4.0)  # sharper logits than the 0.02 init
-        embedder = hf.model.embed_vision
-        projection = embedder.multimodal_embedder if variant == UNIFIED else embedder
-        projection.embedding_projection.weight.mul_(20.0)  # image vectors as large as embeddings
+    hf = random_gemma4(processor, bidirectional=None if variant == "causal" else "vision", unified=variant == UNIFIED)
     folder = tmp_path_factory.mktemp("tiny-gemma4-vl")
     hf.save_pretrained(folder)
     return folder
@@ -91,13 +80,7 @@ def model(variant, checkpoint):
 
 
 def driver(model) -> ContractDriver:
-    """Hybrid KV as vLLM lays it out: each layer its own shape, a KV-shared layer its source's storage."""
-    cfg = model.config
-    kv = model.allocate_kv_cache_per_layer([
-        ((NUM_BLOCKS, cfg.kv_heads_of(i), BLOCK, cfg.head_dim_of(i)), torch.float32, cfg.kv_source(i))
-        for i in range(cfg.num_layers)
-    ])
-    return ContractDriver(model, kv, [cfg.window(i) for i in range(cfg.num_layers)], width=WIDTH, spoil="nan")
+    return ContractDriver.per_layer(model, NUM_BLOCKS, BLOCK, width=WIDTH, spoil="nan")
 
 
 def request(processor, sizes: list[tuple[int, int]], seed: int, question: str = "what is it?") -> dict:
