@@ -18,14 +18,12 @@ video (vLLM then sends no frames for it)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
 import pytest
-from vllm_tt_testing import tiny_gemma3_vl
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import BOS, IMAGE, TURN_END, TURN_START, VIDEO, build_tiny_gemma4_vl
+from vllm_tt_testing.checkpoints import cached_gemma4_vl
+from vllm_tt_testing.tiny_gemma4_vl import BOS, IMAGE, TURN_END, TURN_START, VIDEO
 from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
 
 from tests.e2e import vl_chat
@@ -44,7 +42,7 @@ LONG_QUESTION = " ".join([QUESTION] * 12)
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+    return cached_gemma4_vl()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +61,7 @@ def metadata() -> dict[str, Any]:
 
 
 def prompt_text(items: tuple[str, ...], question: str = QUESTION) -> str:
-    """The chat prompt (the tiny template writes image parts only); one with two items leads with
+    """The chat prompt (as the tiny template renders a user turn of these parts); one with two items leads with
     text, so that a chunk may end before them."""
     parts = "".join(VIDEO if m == "video" else IMAGE for m in items)
     lead = " ".join([QUESTION] * 3) if len(items) > 1 else ""
