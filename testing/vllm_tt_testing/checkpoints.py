@@ -142,6 +142,38 @@ def cached_qwen3_5_vl() -> Path:
     return cached("tiny-qwen3_5_vl-trained", build_tiny_qwen3_5_vl, inspect.getsource(tiny_qwen_vl))
 
 
+def cached_gemma4_vl() -> Path:
+    """The trained tiny Gemma 4 VL (``tiny_gemma4_vl.build_tiny_gemma4_vl``), keyed by the
+    source of ``tiny_gemma3_vl`` too: it is built by that module's ``build_gemma_vl`` and
+    ``gemma_tokenizer`` (training, tokenizer)."""
+    from vllm_tt_testing import tiny_gemma3_vl
+    from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_vl
+
+    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))
+
+
+def cached_gemma4_audio(*, unified: bool = False) -> Path:
+    """The trained tiny Gemma 4 with an audio tower (``unified``: Gemma 4 Unified with its audio
+    embedder; ``tiny_gemma4_vl.build_tiny_gemma4_audio`` / ``..._unified_audio``), keyed as
+    ``cached_gemma4_vl``."""
+    from vllm_tt_testing import tiny_gemma3_vl
+    from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_audio, build_tiny_gemma4_unified_audio
+
+    if unified:
+        return cached("tiny-gemma4-unified-audio-trained", build_tiny_gemma4_unified_audio,
+                      inspect.getsource(tiny_gemma3_vl))
+    return cached("tiny-gemma4-audio-trained", build_tiny_gemma4_audio, inspect.getsource(tiny_gemma3_vl))
+
+
+def cached_gemma4_unified() -> Path:
+    """The trained tiny Gemma 4 Unified (``tiny_gemma4_vl.build_tiny_gemma4_unified``), keyed as
+    ``cached_gemma4_vl`` by the source of ``tiny_gemma3_vl`` too."""
+    from vllm_tt_testing import tiny_gemma3_vl
+    from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_unified
+
+    return cached("tiny-gemma4-unified-trained", build_tiny_gemma4_unified, inspect.getsource(tiny_gemma3_vl))
+
+
 def parity_fixtures(
     arch: str, train_steps: int, model_class: Any, batch: int, max_len: int, prefix: str = ""
 ) -> tuple[Callable[..., Path], Callable[..., Any], Callable[..., Any]]:

@@ -1,8 +1,8 @@
 """A tiny Gemma 4 vision-language checkpoint built from nothing, saved with its whole processor
 (Gemma 4 image processor with 4-pixel patches, video processor and audio feature extractor as
 the processor class requires them, a Gemma-style tokenizer trained here with Gemma 4's image,
-audio and turn tokens, a chat template that writes one image token per image part) so vLLM
-loads it offline.
+audio, video and turn tokens, a chat template that writes one image token per image part and
+one video token per video part) so vLLM loads it offline.
 
 The text side has Gemma 4's traits: sliding and full layers with their own head sizes, full
 layers whose values are their keys, KV-shared last layers, per-layer input embeddings (as the
@@ -46,6 +46,8 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for item in message['content'] %}"
     "{% if item['type'] == 'image' or 'image' in item or 'image_url' in item %}<|image|>"
+    "{% elif item['type'] == 'video' or 'video' in item or 'video_url' in item %}<|video|>"
+    "{% elif item['type'] == 'audio' or 'audio' in item or 'input_audio' in item %}<|audio|>"
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"

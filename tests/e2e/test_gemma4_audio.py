@@ -17,16 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import (
-    AUDIO,
-    BOS,
-    IMAGE,
-    TURN_END,
-    TURN_START,
-    build_tiny_gemma4_audio,
-    build_tiny_gemma4_unified_audio,
-)
+from vllm_tt_testing.checkpoints import cached_gemma4_audio
+from vllm_tt_testing.tiny_gemma4_vl import AUDIO, BOS, IMAGE, TURN_END, TURN_START
 from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e import vl_chat
@@ -39,17 +31,13 @@ REQUESTS: list[tuple[str, ...]] = [("audio",), (), ("image", "audio"), ("audio",
 """The items of each prompt, in prompt order; the two one-clip prompts have different clips."""
 
 
-CHECKPOINTS: dict[str, tuple[str, Any]] = {
-    "Gemma4ForConditionalGeneration": ("tiny-gemma4-audio-trained", build_tiny_gemma4_audio),
-    "Gemma4UnifiedForConditionalGeneration": ("tiny-gemma4-unified-audio-trained", build_tiny_gemma4_unified_audio),
-}
-"""Gemma 4 with its audio tower, Gemma 4 Unified with its encoder-free audio embedder."""
+UNIFIED = "Gemma4UnifiedForConditionalGeneration"
 
 
-@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+@pytest.fixture(scope="module", params=["Gemma4ForConditionalGeneration", UNIFIED])
 def checkpoint(request):
-    name, build = CHECKPOINTS[request.param]
-    return cached(name, build)
+    """Gemma 4 with its audio tower, Gemma 4 Unified with its encoder-free audio embedder."""
+    return cached_gemma4_audio(unified=request.param == UNIFIED)
 
 
 @pytest.fixture(scope="module")

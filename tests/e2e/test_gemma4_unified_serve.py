@@ -21,14 +21,11 @@ answer equals transformers'."""
 from __future__ import annotations
 
 import concurrent.futures
-import inspect
 from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing import tiny_gemma3_vl
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_unified
+from vllm_tt_testing.checkpoints import cached_gemma4_unified
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
@@ -52,7 +49,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-gemma4-unified-trained", build_tiny_gemma4_unified, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+    return cached_gemma4_unified()
 
 
 def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path):

@@ -14,30 +14,28 @@ its forward over the resulting ``mm_encoder_outputs`` with the processor's ``mm_
 (the bidirectional frame blocks), greedy token by token. Greedy outputs equal that oracle for
 text-only, one-video and image-plus-video prompts side by side, chunked without ending inside an
 image or video; on Gemma 4 (Unified declares no prefix caching) the same video prompt sent again
-is served from the prefix cache past its video (vLLM then sends no frames for it)."""
+is served from the prefix cache past its video (vLLM then sends no frames for it).
+
+Through ``vllm serve`` (Gemma 4) a video comes as an OpenAI ``video_url`` part (here a base64 mp4 data
+URL): the tiny chat template writes its ``<|video|>``, and the front end decodes the file with
+vLLM's default ``opencv`` loader (Gemma 4's video processor has no loader of its own), which
+keeps every frame up to ``num_frames`` of ``--media-io-kwargs`` (32 unless set) and otherwise
+takes that many evenly spaced ones, with the file's own clock. The oracle is fed the frames and
+metadata that loader decodes from the same bytes (OpenCV's ``mp4v`` is lossy)."""
 
 from __future__ import annotations
 
-import inspect
+import concurrent.futures
+import json
 from typing import Any
 
-import numpy as np
 import pytest
-from vllm_tt_testing import tiny_gemma3_vl
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import (
-    BOS,
-    IMAGE,
-    TURN_END,
-    TURN_START,
-    VIDEO,
-    build_tiny_gemma4_unified,
-    build_tiny_gemma4_vl,
-)
-from vllm_tt_testing.tiny_vl import QUESTION, synthetic_image
+from vllm_tt_testing.checkpoints import cached_gemma4_unified, cached_gemma4_vl
+from vllm_tt_testing.tiny_gemma4_vl import BOS, IMAGE, TURN_END, TURN_START, VIDEO
+from vllm_tt_testing.tiny_vl import QUESTION
 
 from tests.e2e import vl_chat
-from tests.e2e.helpers import metric_total
+from tests.e2e.helpers import metric_total, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -50,9 +48,9 @@ LONG_QUESTION = " ".join([QUESTION] * 12)
 """After one video this question makes a prompt whose full KV blocks reach past the video."""
 
 
-CHECKPOINTS: dict[str, tuple[str, Any]] = {
-    "Gemma4ForConditionalGeneration": ("tiny-gemma4-vl-trained", build_tiny_gemma4_vl),
-    "Gemma4UnifiedForConditionalGeneration": ("tiny-gemma4-unified-trained", build_tiny_gemma4_unified),
+CHECKPOINTS: dict[str, Any] = {
+    "Gemma4ForConditionalGeneration": cached_gemma4_vl,
+    "Gemma4UnifiedForConditionalGeneration": cached_gemma4_unified,
 }
 """Each model's tiny trained checkpoint (the ones its image tests use)."""
 PREFIX_CACHING = {"Gemma4ForConditionalGeneration"}
@@ -66,18 +64,12 @@ def arch(request) -> str:
 
 @pytest.fixture(scope="module")
 def checkpoint(arch):
-    name, build = CHECKPOINTS[arch]
-    return cached(name, build, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+    return CHECKPOINTS[arch]()
 
 
 @pytest.fixture(scope="module")
 def hf_vl(checkpoint):
     return vl_chat.load_hf(checkpoint)
-
-
-def frames(salt: int) -> np.ndarray:
-    """``[FRAMES, 32, 32, 3]`` uint8: frames of one synthetic kind (``salt % 4``), each its own pixels."""
-    return np.stack([synthetic_image(salt % 4, 10 * salt + i, (32, 32)) for i in range(FRAMES)])
 
 
 def metadata() -> dict[str, Any]:
@@ -86,16 +78,18 @@ def metadata() -> dict[str, Any]:
 
 
 def prompt_text(items: tuple[str, ...], question: str = QUESTION) -> str:
-    """The chat prompt (the tiny template writes image parts only); one with two items leads with
-    text, so that a chunk may end before them."""
+    """The chat prompt, as the tiny template renders a user turn of these parts and the question;
+    one with two items leads with text, so that a chunk may end before them."""
     parts = "".join(VIDEO if m == "video" else IMAGE for m in items)
     lead = " ".join([QUESTION] * 3) if len(items) > 1 else ""
     return f"{BOS}{TURN_START}user\n{lead}{parts}{question}{TURN_END}\n{TURN_START}model\n"
 
 
-def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int,
-              question: str = QUESTION) -> tuple[list[int], list[int]]:
-    """transformers' (prompt ids, greedy tokens): its processor, its encoders, its forward."""
+def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, question: str = QUESTION, *,
+              video: tuple[Any, dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
+    """transformers' (prompt ids, greedy tokens): its processor, its encoders, its forward.
+    ``video``: the frames and vLLM's metadata of them (``vl_chat.served_video``) in place of
+    ``salt``'s frames."""
     import torch
     from transformers.video_utils import VideoMetadata
 
@@ -104,7 +98,9 @@ def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int,
     if "image" in items:
         media["images"] = [vl_chat.images((2,), salt)]
     if "video" in items:
-        media.update(videos=[frames(salt)], video_metadata=[VideoMetadata(**metadata())], do_sample_frames=False)
+        pixels, clock = video or (vl_chat.video_frames(salt, FRAMES), metadata())
+        clock = {k: v for k, v in clock.items() if k != "do_sample_frames"}
+        media.update(videos=[pixels], video_metadata=[VideoMetadata(**clock)], do_sample_frames=False)
     inputs = processor(text=[prompt_text(items, question)], return_tensors="pt", add_special_tokens=False, **media)
     encoders = model.model
     with torch.no_grad():
@@ -130,7 +126,7 @@ def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION) -> 
     if "image" in items:
         data["image"] = vl_chat.images((2,), salt)
     if "video" in items:
-        data["video"] = [(frames(salt), metadata())]
+        data["video"] = [(vl_chat.video_frames(salt, FRAMES), metadata())]
     return vl_chat.item_prompt(prompt_text(items, question), data)
 
 
@@ -169,3 +165,59 @@ def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(
         assert hits >= -(-video_end // 32) * 32, f"{hits} prefix-cache hit tokens: the repeat did not reuse the video"
     else:
         assert hits == 0
+
+
+SERVE_VIDEOS: list[tuple[int, int, float]] = [(0, FRAMES, FPS), (3, 4, 2.0), (2, FRAMES, FPS)]
+"""(salt, frames, fps) of each mp4 sent: two frames a second apart, four at 2 fps of which the
+loader keeps the first and last (``num_frames`` 2: frames 0 and 3, at ``00:00`` and ``00:01``),
+and the one sent after the corrupt bytes; the checkpoint tells their kinds (0, 3, 2) apart
+(through the lossy mp4 it does not tell kinds 1 and 3 apart)."""
+MEDIA_IO = {"video": {"num_frames": FRAMES}}
+"""The server's ``--media-io-kwargs``: at most two frames per video, so a video fits one step."""
+
+
+def test_serve_chat_with_mp4_video_urls_equals_transformers(tmp_path):
+    """One ``vllm serve`` with the ``vllm.LLM`` test's step budget (256 tokens, chunks of at most
+    160: a two-frame video is 145): two mp4 ``video_url`` chats and a text-only one at once, each
+    equal to transformers on the frames vLLM's loader decodes from the same bytes, prompt ids
+    included, and no prefill pass ended inside a video (the step trace); then corrupt video
+    bytes are a 400 and the next video is served (Gemma 4's checkpoint: one server start)."""
+    checkpoint = cached_gemma4_vl()
+    hf_vl = vl_chat.load_hf(checkpoint)
+    model = str(checkpoint)
+    log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
+    *videos, later = [vl_chat.video_part(vl_chat.mp4(vl_chat.video_frames(salt, count), fps))
+                      for salt, count, fps in SERVE_VIDEOS]
+    limits = {"image": 1, "video": {"count": 1, "num_frames": FRAMES, "width": 32, "height": 32}}
+    with serve(checkpoint, "--max-model-len", "512", "--max-num-seqs", "4", "--block-size", "32",
+               "--max-num-batched-tokens", "256", "--long-prefill-token-threshold", "160",
+               "--limit-mm-per-prompt", json.dumps(limits), "--media-io-kwargs", json.dumps(MEDIA_IO),
+               env={"TT_STEP_TRACE": str(trace)}, log=log) as url:
+        batch = [[part] for part in videos] + [[]]
+        with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
+            answers = list(pool.map(lambda parts: vl_chat.post_chat(url, model, parts, MAX_TOKENS), batch))
+        corrupt = vl_chat.post_chat(url, model, vl_chat.VIDEO_BAD_REQUESTS["corrupt video"], MAX_TOKENS)
+        after = vl_chat.post_chat(url, model, [later], MAX_TOKENS)
+    for response in [*answers, after]:
+        assert response.status_code == 200, (response.text, log.read_text()[-3000:])
+    decoded = [vl_chat.served_video(checkpoint, part, MEDIA_IO) for part in [*videos, later]]
+    assert [video[1]["frames_indices"] for video in decoded] == [[0, 1], [0, 3], [0, 1]], "the loader's frames"
+    on_video = [hf_greedy(hf_vl, ("video",), 0, video=video) for video in decoded]
+    want = [*on_video[:2], hf_greedy(hf_vl, (), 0), on_video[2]]
+    bodies = [response.json() for response in [*answers, after]]
+    assert [b["prompt_token_ids"] for b in bodies] == [w[0] for w in want], "vLLM's expanded prompt ids equal HF's"
+    mismatches = [(i, b["choices"][0]["token_ids"], w[1]) for i, (b, w) in enumerate(zip(bodies, want, strict=True))
+                  if b["choices"][0]["token_ids"] != w[1]]
+    assert not mismatches, mismatches
+    assert len({tuple(w[1]) for w in on_video}) == 3, "different videos give different answers"
+    video_token = hf_vl[0].config.video_token_id
+    assert [len(vl_chat.image_runs(w[0], video_token)) for w in want] == [FRAMES, FRAMES, 0, FRAMES]
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    for body in bodies[:2] + bodies[3:]:
+        prompt = body["prompt_token_ids"]
+        runs = vl_chat.image_runs(prompt, video_token)
+        ends = vl_chat.chunk_ends(steps, body["id"], len(prompt))
+        assert ends and ends[-1] == len(prompt), (body["id"], ends)
+        assert not [e for e in ends if runs[0][0] < e < runs[-1][1]], (ends, runs)
+    assert corrupt.status_code == 400, (corrupt.status_code, corrupt.text)
+    assert corrupt.json()["error"]["message"]

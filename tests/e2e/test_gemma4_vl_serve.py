@@ -24,16 +24,13 @@ answer equals transformers'."""
 from __future__ import annotations
 
 import concurrent.futures
-import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from vllm_tt_testing import tiny_gemma3_vl
-from vllm_tt_testing.checkpoints import cached
-from vllm_tt_testing.tiny_gemma4_vl import build_tiny_gemma4_vl
+from vllm_tt_testing.checkpoints import cached_gemma4_vl
 
 from tests.e2e import vl_chat
 from tests.e2e.helpers import serve
@@ -60,7 +57,7 @@ LONG_QUESTION = " ".join([vl_chat.QUESTION] * 16)
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    return cached("tiny-gemma4-vl-trained", build_tiny_gemma4_vl, inspect.getsource(tiny_gemma3_vl))  # its Gemma helpers
+    return cached_gemma4_vl()
 
 
 @pytest.fixture(scope="module")

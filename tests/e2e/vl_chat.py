@@ -244,16 +244,19 @@ def video_part(data: bytes) -> dict[str, Any]:
     return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data).decode()}}
 
 
-def served_video(checkpoint: Path, part: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def served_video(checkpoint: Path, part: dict[str, Any],
+                 media_io_kwargs: dict[str, dict[str, Any]] | None = None) -> tuple[Any, dict[str, Any]]:
     """The (frames, metadata) ``vllm serve`` decodes from a ``video_url`` part: vLLM's media
-    connector with the server's media IO kwargs (none) and the video loader vLLM picks for the
+    connector with the server's ``--media-io-kwargs`` and the video loader vLLM picks for the
     checkpoint's video processor (Qwen2-VL's and Qwen3-VL's sample at 2 fps as transformers'
-    processors do, whatever ``num_frames`` says)."""
+    processors do, whatever ``num_frames`` says; Gemma 4's has none of its own, so vLLM's
+    default ``opencv`` loader keeps every frame up to ``num_frames``, 32 unless set)."""
     from vllm.multimodal.media import MediaConnector
     from vllm.transformers_utils.processor import get_video_processor_cls_name_from_config
 
     processor = get_video_processor_cls_name_from_config(str(checkpoint))
-    return MediaConnector().fetch_video(part["video_url"]["url"], video_processor=processor).media
+    connector = MediaConnector(media_io_kwargs=media_io_kwargs)
+    return connector.fetch_video(part["video_url"]["url"], video_processor=processor).media
 
 
 def hf_generate_video(hf_vl: tuple[Any, Any], video: tuple[Any, dict[str, Any]], max_tokens: int,
