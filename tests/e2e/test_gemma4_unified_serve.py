@@ -57,7 +57,7 @@ def test_serve_chat_with_base64_images_equals_transformers(checkpoint, tmp_path)
     log, trace = tmp_path / "serve.log", tmp_path / "steps.jsonl"
     lane_args, lane_env = lane_serve(4, trace)
     with serve(checkpoint, "--max-model-len", "256", *lane_args, "--max-num-batched-tokens", "80",
-               "--limit-mm-per-prompt", '{"image": 2}', env=lane_env, log=log) as url:
+               "--limit-mm-per-prompt", '{"image": 2, "video": 0}', env=lane_env, log=log) as url:
 
         def chat(parts: list[dict[str, Any]]) -> httpx.Response:
             return httpx.post(f"{url}/v1/chat/completions", json=chat_body(model, parts, MAX_TOKENS), timeout=300)
