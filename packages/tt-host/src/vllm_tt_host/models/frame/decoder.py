@@ -197,7 +197,7 @@ class HostDecoder:
         """Layer ``index`` of one prefill row: write its KV, attend, MLP (``layer_input``: the
         layer's slice of ``_per_layer_inputs``)."""
         k_cache, v_cache = layer_kv
-        n, size = row.n, k_cache.shape[2]
+        n, size = row.n, paged_kv.tokens_per_block(k_cache)
         window = self.config.window(index)
         first = paged_kv.first_block(torch.tensor([row.start]), window, size)
         blocks = self._image_blocks(index, row.inserts)
@@ -330,7 +330,7 @@ class HostDecoder:
         """One attention layer of a decode step: ``x [B, hidden]`` in and out, the layer's KV
         ``caches`` one ``[K, V]`` per lane (an MTP module's block runs through here too): write
         the live rows' KV, attend, MLP."""
-        live, pos, size = step.live, step.pos, caches[0][0].shape[2]
+        live, pos, size = step.live, step.pos, paged_kv.tokens_per_block(caches[0][0])
         window = self.config.window(index)
         first = paged_kv.first_block(pos, window, size)
         pages_used, key_pos = paged_kv.key_span(page_table, first, int((pos // size - first).max()) + 1, size)

@@ -94,6 +94,7 @@ def plan_prefill(
             f"prefill rows disagree: tokens {count}, prompt_lens {len(ends)}, start_pos "
             f"{len(starts)}, empty_slots {len(slots)}, page_table {page_tables[0].shape[0]}"
         )
+    tables = _tables_by_block_size(page_tables, kv_cache[0])  # every lane's cache has the same shapes
     rows = []
     for i, (start, end, slot) in enumerate(zip(starts, ends, slots, strict=True)):
         if not 0 <= start < end <= min(tokens.shape[1], max_seq_len):
@@ -102,7 +103,7 @@ def plan_prefill(
                 f"min(tokens width {tokens.shape[1]}, max_seq_len {max_seq_len})"
             )
         lane = lanes.lane_of(slot)
-        for table, size in _tables_by_block_size(page_tables, kv_cache[lane]):
+        for table, size in tables:
             blocks = -(-end // size)
             if blocks > table.shape[1]:
                 raise HostModelInputError(
@@ -133,11 +134,12 @@ def check_decode(
         )
     if int(positions.max()) >= max_seq_len:
         raise HostModelInputError(f"decode position {int(positions.max())} is past max_seq_len {max_seq_len}")
+    tables = _tables_by_block_size(page_tables, kv_cache[0])  # every lane's cache has the same shapes
     for lane in range(lanes.count):
         rows = lanes.rows(lane)
         lane_pos = positions[rows.start : rows.stop]
         live = lane_pos >= 0
-        for table, size in _tables_by_block_size(page_tables, kv_cache[lane]):
+        for table, size in tables:
             blocks = lane_pos[live] // size
             if blocks.numel() and int(blocks.max()) >= table.shape[1]:
                 raise HostModelInputError(

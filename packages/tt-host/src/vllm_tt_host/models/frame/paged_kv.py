@@ -21,9 +21,14 @@ def allocate(lanes: int, num_layers: int, shape: tuple[int, int, int, int]) -> l
     return [[[torch.zeros(shape), torch.zeros(shape)] for _ in range(num_layers)] for _ in range(lanes)]
 
 
+def tokens_per_block(cache: torch.Tensor) -> int:
+    """The block size of one layer's K (or V) cache."""
+    return cache.shape[2]
+
+
 def block_size(lane_kv: Sequence[object]) -> int:
     """The first paged layer's block size (a model whose layers all share one)."""
-    return _first_paged(lane_kv)[0].shape[2]
+    return tokens_per_block(_first_paged(lane_kv)[0])
 
 
 def layer_block_size(lane_kv: Sequence[object], layer: int) -> int:
@@ -31,7 +36,7 @@ def layer_block_size(lane_kv: Sequence[object], layer: int) -> int:
     (Gemma 4's sliding ones) more tokens per block so every page holds as many bytes. A
     recurrent-state layer, whose table numbers states, not tokens, answers ``block_size``."""
     cache = lane_kv[layer]
-    return cache[0].shape[2] if isinstance(cache, list) else block_size(lane_kv)
+    return tokens_per_block(cache[0]) if isinstance(cache, list) else block_size(lane_kv)
 
 
 def num_blocks(lane_kv: Sequence[object]) -> int:

@@ -182,6 +182,7 @@ def load_audio_weights(reader: WeightFolder, tower: str, embedder: str, config: 
         f"{sub}layer0.conv.weight": (weights.convs[0][0], (c.channels[0], 1, 3, 3)),
         f"{sub}input_proj_linear.weight": (weights.input_proj, (c.hidden_size, c.channels[0] // 4 * c.channels[1])),
         f"{tower}output_proj.weight": (weights.output_proj, (c.output_dims, c.hidden_size)),
+        f"{tower}layers.0.lconv1d.depthwise_conv1d.weight": (layers[0].depthwise, (c.hidden_size, 1, c.conv_kernel)),
     }, reader.folder, implied_by="the audio config")
     return weights
 
@@ -261,8 +262,7 @@ class Gemma4AudioTower:
 
     def _light_conv(self, x: torch.Tensor, layer: AudioLayerWeights) -> torch.Tensor:
         h = F.glu(layer.conv_start(self._norm(x, layer.conv_pre_norm)), dim=-1)
-        kernel = layer.depthwise.shape[-1]
-        h = F.conv1d(F.pad(h.T[None], (kernel - 1, 0)), layer.depthwise, groups=h.shape[1])[0].T
+        h = F.conv1d(F.pad(h.T[None], (self.config.conv_kernel - 1, 0)), layer.depthwise, groups=h.shape[1])[0].T
         return x + layer.conv_end(F.silu(self._norm(self._clip(h), layer.conv_norm)))
 
     def _clip(self, x: torch.Tensor) -> torch.Tensor:

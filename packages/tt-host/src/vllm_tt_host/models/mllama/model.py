@@ -153,7 +153,7 @@ class MllamaDecoder(HostDecoder):
         if not isinstance(inserts, CrossInserts):
             return x  # a text-only row: transformers skips the layer
         k_cache, v_cache = layer_kv
-        count, size = inserts.states.shape[0], k_cache.shape[2]
+        count, size = inserts.states.shape[0], paged_kv.tokens_per_block(k_cache)
         k, v = self._cross_kv(inserts.states, layer)
         pages, offsets = paged_kv.locate(inserts.cross_row[None].expand(count, -1).long(), torch.arange(count), size)
         paged_kv.write(k_cache, pages, offsets, k)
@@ -173,7 +173,7 @@ class MllamaDecoder(HostDecoder):
         counts = torch.tensor([0 if s is None else s.shape[0] for s in seen])
         if not int(counts.max()):
             return x
-        size = kv[0][index][0].shape[2]
+        size = paged_kv.tokens_per_block(kv[0][index][0])
         blocks = math.ceil(int(counts.max()) / size)
         width = blocks * size
         visible = torch.zeros(x.shape[0], width, dtype=torch.bool)

@@ -228,7 +228,7 @@ class Qwen3_5Decoder(HostDecoder):
         n = h.shape[0]
         q, gate, k, v = self._gated_qkv(h, a, positions)
         k_cache, v_cache = layer_kv
-        size = k_cache.shape[2]
+        size = paged_kv.tokens_per_block(k_cache)
         pages, offsets = paged_kv.locate(page_row[None].expand(n, -1), positions, size)
         paged_kv.write(k_cache, pages, offsets, k)
         paged_kv.write(v_cache, pages, offsets, v)
@@ -243,7 +243,7 @@ class Qwen3_5Decoder(HostDecoder):
         self, h: torch.Tensor, a: AttentionWeights, lane_kvs: list[list[torch.Tensor]], table: torch.Tensor,
         step: DecodeRows,
     ) -> torch.Tensor:
-        pos, live, size = step.pos, step.live, lane_kvs[0][0].shape[2]
+        pos, live, size = step.pos, step.live, paged_kv.tokens_per_block(lane_kvs[0][0])
         first = torch.zeros_like(pos)
         pages_used, key_pos = paged_kv.key_span(table, first, int((pos // size).max()) + 1, size)
         mask = paged_kv.visible(key_pos, pos[:, None], None)
