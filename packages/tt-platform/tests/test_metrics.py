@@ -4,6 +4,7 @@ channel (``ipc://`` in a temporary folder); the e2e test scrapes a served ``/met
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -126,6 +127,38 @@ def test_with_two_api_servers_each_delta_reaches_exactly_one(address):
         metrics.close()
         for receiver in receivers:
             receiver.close()
+
+
+def test_a_scrape_that_sees_a_deltas_steps_sees_all_of_it():
+    """The step counter is what readers wait on (the e2e test polls it): every other series of
+    the delta is in when it moves. Seen in CI with two API servers: a scrape between the two
+    showed the steps and a prefill-token sum of 0."""
+    registry = CollectorRegistry()
+    families = Families.create(registry)
+    seen: list[tuple[float | None, ...]] = []
+
+    class Watched:
+        def __init__(self, child):
+            self.child = child
+
+        def inc(self, n: float) -> None:
+            seen.append(tuple(sample(registry, name, **labels) for name, labels in (
+                ("vllm_tt:prefill_tokens_per_step_sum", {}), ("vllm_tt:decode_rows_used_total", {}),
+                ("vllm_tt:sampling_batches_total", {"path": "host", "reason": "logit_bias"}),
+                ("vllm_tt:device_time_per_step_seconds_count", {"phase": "decode"}),
+                ("vllm_tt:lane_rows_used", {"lane": "0"}))))
+            self.child.inc(n)
+
+    class WatchedSteps:
+        def labels(self, *labels: str) -> Watched:
+            return Watched(families.steps.labels(*labels))
+
+    delta = StepDelta(steps={"prefill": 1, "decode": 2}, prefill_tokens=[60], decode_rows_used=5, decode_rows=8,
+                      sampling={"host:logit_bias": 1}, device_s={"decode": [0.001, 0.001]}, lane_rows_used=[3],
+                      rows_per_lane=4)
+    dataclasses.replace(families, steps=WatchedSteps()).record(delta, LABELS)  # type: ignore[arg-type]
+    assert seen == [(60.0, 5.0, 1.0, 2.0, 3.0)] * 2
+    assert sample(registry, "vllm_tt:steps_total", phase="decode") == 2
 
 
 def test_metrics_off_is_the_null_object_and_the_logger_stays_idle(monkeypatch):

@@ -84,8 +84,9 @@ class Families:
         )
 
     def record(self, delta: StepDelta, labels: tuple[str, str]) -> None:
-        for phase, n in delta.steps.items():
-            self.steps.labels(*labels, phase).inc(n)
+        """The step counts go in last: they are what a reader waits on, so a scrape that shows
+        a delta's steps shows the rest of that delta too (``/metrics`` may read the series while
+        this thread records, from another API server process)."""
         prefill = self.prefill_tokens.labels(*labels)
         for tokens in delta.prefill_tokens:
             prefill.observe(tokens)
@@ -113,6 +114,8 @@ class Families:
             for lane, used in enumerate(delta.lane_rows_used):
                 self.lane_rows_used.labels(*labels, str(lane)).set(used)
                 self.lane_occupancy.labels(*labels, str(lane)).set(used / max(delta.rows_per_lane, 1))
+        for phase, n in delta.steps.items():
+            self.steps.labels(*labels, phase).inc(n)
 
 
 @functools.cache
