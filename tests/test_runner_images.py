@@ -21,7 +21,7 @@ from vllm.multimodal.inputs import (
     PlaceholderRange,
 )
 from vllm_tt_models_registry import RegisteredModel
-from vllm_tt_models_registry.contract import IMAGE_KWARGS, ROPE_DELTAS_KWARG
+from vllm_tt_models_registry.contract import IMAGE_KWARGS, MM_POSITIONS_KWARG, ROPE_DELTAS_KWARG
 from vllm_tt_platform.config.options import TTConfig
 from vllm_tt_platform.config.setup import TTSetup
 from vllm_tt_platform.config.startup_checks import restrict_modalities
@@ -160,6 +160,7 @@ def test_prefill_rows_get_their_images_in_row_order_and_text_rows_none(vllm_conf
     assert [int(p[0, 0]) for p in pixels[2]] == [2, 3], "one tensor per image, in prompt order"
     assert pixels[1][0].dtype == torch.uint8, "passed through as the processor produced it"
     assert [g.tolist() for g in grids[2]] == [[1, 2, 4], [1, 2, 4]]
+    assert call[MM_POSITIONS_KWARG] == [None, [(2, 4)], [(1, 4), (6, 4)]], "each item's placeholder range"
     run(runner, scheduler_output(cached=cached_requests(["text", "one", "two"], [3, 7, 11]),
                                  scheduled={"text": 1, "one": 1, "two": 1}))
     (decode,) = recorder(runner).called("decode_forward")
@@ -173,7 +174,7 @@ def test_a_text_only_step_sends_no_image_kwargs_and_keys_pass_through_by_name(vl
     sized = image(5, 2, keys=("pixel_values", "image_sizes"))  # Gemma 3 / Mistral 3 style
     run(runner, scheduler_output([vl_request("g", PROMPT_1, [2], [sized])], scheduled={"g": len(PROMPT_1)}))
     text, gemma = recorder(runner).called("prefill_forward")
-    assert not set(text) & set(IMAGE_KWARGS)
+    assert not set(text) & {*IMAGE_KWARGS, MM_POSITIONS_KWARG}
     assert "image_grid_thw" not in gemma and [s.tolist() for s in gemma["image_sizes"][0]] == [[5, 6]]
 
 
@@ -191,7 +192,8 @@ def test_every_prefill_chunk_of_a_row_carries_all_its_images(vllm_config):
 def test_an_image_inside_the_prefix_cache_hit_comes_without_data_and_is_sent_as_none(vllm_config):
     """vLLM strips the data of an image whose tokens the prefix-cache hit covers
     (strip_covered_mm_data); the row still gets one entry per image, None for that one. An
-    image the pass computes without data stays an error."""
+    image the pass computes without data stays an error. Its placeholder range is still sent
+    (``MM_POSITIONS_KWARG``): a model counts the covered item's placeholder runs by it."""
     runner = make_runner(vllm_config, ImageRecorder)
     covered = dataclasses.replace(image(2, 1), data=None)
     request = vl_request("two", PROMPT_2, [3], [covered, image(3, 6)])
@@ -200,6 +202,7 @@ def test_an_image_inside_the_prefix_cache_hit_comes_without_data_and_is_sent_as_
     (call,) = recorder(runner).called("prefill_forward")
     assert call["pixel_values"][0][0] is None and int(call["pixel_values"][0][1][0, 0]) == 3
     assert call["image_grid_thw"][0][0] is None
+    assert call[MM_POSITIONS_KWARG] == [[(1, 4), (6, 4)]], "the covered image's range is sent, its data is not"
     late = vl_request("late", PROMPT_2, [4], [image(2, 1), dataclasses.replace(image(3, 6), data=None)])
     late.num_computed_tokens = 5
     with pytest.raises(MultimodalInputError, match="'late' image 1 reached the runner without its processed data"):

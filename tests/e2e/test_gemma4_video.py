@@ -14,7 +14,9 @@ its forward over the resulting ``mm_encoder_outputs`` with the processor's ``mm_
 (the bidirectional frame blocks), greedy token by token. Greedy outputs equal that oracle for
 text-only, one-video and image-plus-video prompts side by side, chunked without ending inside an
 image or video; on Gemma 4 (Unified declares no prefix caching) the same video prompt sent again
-is served from the prefix cache past its video (vLLM then sends no frames for it).
+is served from the prefix cache past its video (vLLM then sends no frames for it), and so is one
+that continues it with an image: the runner sends every item's placeholder range, by which the
+model counts the covered video's frame runs before the image it computes.
 
 Through ``vllm serve`` (Gemma 4) a video comes as an OpenAI ``video_url`` part (here a base64 mp4 data
 URL): the tiny chat template writes its ``<|video|>``, and the front end decodes the file with
@@ -85,11 +87,17 @@ def prompt_text(items: tuple[str, ...], question: str = QUESTION) -> str:
     return f"{BOS}{TURN_START}user\n{lead}{parts}{question}{TURN_END}\n{TURN_START}model\n"
 
 
+VIDEO_THEN_IMAGE = prompt_text(("video",), f"{LONG_QUESTION}{IMAGE}{QUESTION}")
+"""The long video prompt's text up to its question, then an image: a prefix-cache hit covers
+the video (vLLM sends no frames for it) and the pass computes the image."""
+
+
 def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, question: str = QUESTION, *,
-              video: tuple[Any, dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
+              video: tuple[Any, dict[str, Any]] | None = None, text: str | None = None,
+              ) -> tuple[list[int], list[int]]:
     """transformers' (prompt ids, greedy tokens): its processor, its encoders, its forward.
     ``video``: the frames and vLLM's metadata of them (``vl_chat.served_video``) in place of
-    ``salt``'s frames."""
+    ``salt``'s frames; ``text``: the prompt, in place of ``prompt_text``'s."""
     import torch
     from transformers.video_utils import VideoMetadata
 
@@ -101,7 +109,8 @@ def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, questio
         pixels, clock = video or (vl_chat.video_frames(salt, FRAMES), metadata())
         clock = {k: v for k, v in clock.items() if k != "do_sample_frames"}
         media.update(videos=[pixels], video_metadata=[VideoMetadata(**clock)], do_sample_frames=False)
-    inputs = processor(text=[prompt_text(items, question)], return_tensors="pt", add_special_tokens=False, **media)
+    inputs = processor(text=[text or prompt_text(items, question)], return_tensors="pt", add_special_tokens=False,
+                       **media)
     encoders = model.model
     with torch.no_grad():
         encoded: dict[str, Any] = {}
@@ -121,13 +130,14 @@ def hf_greedy(hf_vl: tuple[Any, Any], items: tuple[str, ...], salt: int, questio
     return prompt, ids[0, len(prompt):].tolist()
 
 
-def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION) -> dict[str, Any]:
+def vllm_prompt(items: tuple[str, ...], salt: int, question: str = QUESTION, text: str | None = None,
+                ) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if "image" in items:
         data["image"] = vl_chat.images((2,), salt)
     if "video" in items:
         data["video"] = [(vl_chat.video_frames(salt, FRAMES), metadata())]
-    return vl_chat.item_prompt(prompt_text(items, question), data)
+    return vl_chat.item_prompt(text or prompt_text(items, question), data)
 
 
 def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(arch, checkpoint, hf_vl, tmp_path):
@@ -149,10 +159,14 @@ def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(
                          use_tqdm=False)
     long = [llm.generate([vllm_prompt(("video",), 7, LONG_QUESTION)], greedy, use_tqdm=False)[0] for _ in range(2)]
     hits = metric_total(llm, "vllm:prefix_cache_hits")
+    then_image = llm.generate([vllm_prompt(("video", "image"), 7, text=VIDEO_THEN_IMAGE)], greedy, use_tqdm=False)
+    image_hits = metric_total(llm, "vllm:prefix_cache_hits") - hits
     del llm
     expected = [hf_greedy(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
     expected += [hf_greedy(hf_vl, ("video",), 7, LONG_QUESTION)] * 2
-    got = vl_chat.assert_outputs_equal_hf([*REQUESTS, "long", "long again"], [*mixed, *long], expected)
+    expected += [hf_greedy(hf_vl, ("video", "image"), 7, text=VIDEO_THEN_IMAGE)]
+    got = vl_chat.assert_outputs_equal_hf([*REQUESTS, "long", "long again", "video then image"],
+                                          [*mixed, *long, *then_image], expected)
     assert got[0][1] != got[3][1], "different frames give different answers"
     config = hf_vl[0].config
     video_runs = vl_chat.image_runs(got[0][0], config.video_token_id)
@@ -163,8 +177,10 @@ def test_llm_generate_with_videos_equals_transformers_chunked_and_prefix_cached(
     video_end = vl_chat.image_runs(got[4][0], config.video_token_id)[-1][1]
     if caching:
         assert hits >= -(-video_end // 32) * 32, f"{hits} prefix-cache hit tokens: the repeat did not reuse the video"
+        assert image_hits >= -(-video_end // 32) * 32, f"{image_hits} hit tokens: the image prompt missed the video"
+        assert image_hits <= vl_chat.image_runs(got[6][0], config.image_token_id)[0][0], "the hit covers the image"
     else:
-        assert hits == 0
+        assert hits == image_hits == 0
 
 
 SERVE_VIDEOS: list[tuple[int, int, float]] = [(0, FRAMES, FPS), (3, 4, 2.0), (2, FRAMES, FPS)]

@@ -163,28 +163,36 @@ def test_image_attention_follows_the_config(model, hf, processor):
 FRAMES = 2
 
 
-def video_request(processor, seed: int, images: int = 0, question: str = "what is it?") -> dict:
+def video_request(processor, seed: int, images: int = 0, question: str = "what is it?",
+                  video_first: bool = False) -> dict:
     """The processor's inputs for a chat prompt with ``images`` images, then a video of
-    ``FRAMES`` frames a second apart (the tiny chat template writes image parts only)."""
+    ``FRAMES`` frames a second apart (``video_first``: the video, then one image)."""
     from transformers.video_utils import VideoMetadata
 
     text = processor.apply_chat_template(user_message(images, question), add_generation_prompt=True, tokenize=False)
+    before = processor.image_token if video_first else question
+    text = text.replace(before, processor.video_token + before, 1)
     frames = np.stack([synthetic_image(seed + i, 10 * seed + i, (32, 32)) for i in range(FRAMES)])
     pictures = [Image.fromarray(synthetic_image(seed + 5, 3 * seed, (32, 32)))] * images
     meta = VideoMetadata(fps=1.0, duration=FRAMES, total_num_frames=FRAMES, frames_indices=list(range(FRAMES)))
-    return dict(processor(text=[text.replace(question, processor.video_token + question, 1)],
+    return dict(processor(text=[text],
                           images=[pictures] if pictures else None, videos=[frames], video_metadata=[meta],
                           do_sample_frames=False, return_tensors="pt", add_special_tokens=False))
 
 
-def per_item(inputs: dict) -> dict:
-    """The runner's kwargs of one row whose images come before its one video: one entry per item."""
+def per_item(inputs: dict, video_first: bool = False) -> dict:
+    """The runner's kwargs of one row with its images and one video (last, or ``video_first``):
+    one entry per item."""
     images = list(inputs.get("pixel_values", []))
     positions = list(inputs.get("image_position_ids", []))
     none = [None] * len(images)
-    return {"pixel_values": [[*images, None]], "pixel_position_ids": [[*positions, None]],
-            "pixel_values_videos": [[*none, inputs["pixel_values_videos"]]],
-            "pixel_position_ids_videos": [[*none, inputs["video_position_ids"]]]}
+
+    def ordered(image_side: list, video_side: list) -> list:
+        return [*video_side, *image_side] if video_first else [*image_side, *video_side]
+
+    return {"pixel_values": [ordered(images, [None])], "pixel_position_ids": [ordered(positions, [None])],
+            "pixel_values_videos": [ordered(none, [inputs["pixel_values_videos"]])],
+            "pixel_position_ids_videos": [ordered(none, [inputs["video_position_ids"]])]}
 
 
 def hf_video_logits(hf, inputs: dict, both_ways: bool = True) -> torch.Tensor:
@@ -207,8 +215,9 @@ def test_video_frames_match_transformers(variant, model, hf, processor):
     """Every position's logits of a one-video prompt and an image-plus-video prompt equal HF's:
     each frame its own run of video tokens through the tower, attended both ways like an image (HF's causal reading is far off there). The two-item prompt prefilled in
     two chunks cut between image and video; a prefix-cache start past the video (vLLM sends no
-    frames for it); a start past a covered video with an item after it to compute is refused
-    (the covered video's frame count is not sent). Gemma 4 Unified's frames go through its
+    frames for it); a start past a covered video with an image after it to compute counts the
+    video's frame runs by its placeholder range (``mm_positions``), and is refused without it.
+    Gemma 4 Unified's frames go through its
     embedder, each seen whole on every layer as its images are."""
     video = hf.config.video_token_id
     for images in (0, 1):
@@ -234,17 +243,25 @@ def test_video_frames_match_transformers(variant, model, hf, processor):
     d.add(2, ids, prefix_of=1, cached_blocks=past_video)
     got = d.prefill([(2, len(ids))], pixel_values_videos=[[None]], pixel_position_ids_videos=[[None]])[0, -1]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    both = video_request(processor, 7, 1)
-    both_ids = prompt_of(both)
-    swapped = both_ids[: both_ids.index(hf.config.boi_token_id)]  # text, then the video's frames, then the image
-    swapped += both_ids[vl_runs(both_ids, video)[0][0] - 4 : vl_runs(both_ids, video)[-1][1] + 1]
-    swapped += both_ids[both_ids.index(hf.config.boi_token_id) : both_ids.index(hf.config.eoi_token_id) + 1]
+    first = video_request(processor, 7, 1, video_first=True)
+    ids, expected = prompt_of(first), hf_video_logits(hf, first)[-1]
+    runs = vl_runs(ids, video)
+    boi = ids.index(hf.config.boi_token_id, runs[-1][1])  # the image's, after the frames
+    positions = [[(runs[0][0] - 4, runs[-1][1] + 5 - runs[0][0]), (boi, ids.index(hf.config.eoi_token_id, boi) + 1 - boi)]]
+    kwargs = per_item(first, video_first=True)
     d = driver(model)
-    d.add(0, swapped)
-    d.add(1, swapped, prefix_of=0, cached_blocks=-(-vl_runs(swapped, video)[-1][1] // BLOCK))
+    d.add(0, ids)
+    d.prefill([(0, len(ids))], **kwargs)
+    d.add(1, ids, prefix_of=0, cached_blocks=-(-runs[-1][1] // BLOCK))  # past the video: vLLM drops its data
+    covered = {**kwargs, "pixel_values_videos": [[None, None]], "pixel_position_ids_videos": [[None, None]]}
     with pytest.raises(HostModelInputError, match="how many frames the covered items have is not sent"):
-        d.prefill([(1, len(swapped))], pixel_values=[[None, both["pixel_values"][0]]],
-                  pixel_position_ids=[[None, both["image_position_ids"][0]]])
+        d.prefill([(1, len(ids))], **covered)
+    got = d.prefill([(1, len(ids))], **covered, mm_positions=positions)[0, -1]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    miscounted = [[(positions[0][0][0], runs[0][1] - runs[0][0] + 4), positions[0][1]]]  # the first frame only
+    d.add(2, ids, prefix_of=0, cached_blocks=-(-runs[-1][1] // BLOCK))
+    with pytest.raises(HostModelInputError, match="image placeholder runs"):
+        d.prefill([(2, len(ids))], **covered, mm_positions=miscounted)
 
 
 def vl_runs(ids: list[int], token: int) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ __all__ = [
     "KV_TRANSFER_METHODS",
     "VIDEO_KWARGS",
     "AUDIO_KWARGS",
+    "MM_POSITIONS_KWARG",
     "ROPE_DELTAS_KWARG",
     "VERIFY_KWARG",
     "BLOCK_KWARG",
@@ -284,6 +285,15 @@ AUDIO_KWARGS: tuple[str, ...] = ("input_features_padded", "input_features_mask")
 keeps them (its own frames, no batch padding) and ``input_features_mask`` ``[frames]`` (True: a
 real frame); the clip's tokens are one audio-token run between its markers."""
 
+MM_POSITIONS_KWARG = "mm_positions"
+"""``prefill_forward``'s argument next to :data:`IMAGE_KWARGS` (any prefill call whose rows have
+multimodal items): per row ``None`` or one ``(offset, length)`` pair of ints per item, over the
+same item lists, saying where the item's placeholder tokens lie in the prompt (vLLM's
+``PlaceholderRange``: a video's covers all its frames and the text between them). It is sent
+for every item, data or not, so that a model can tell which placeholder runs belong to an item
+inside the prefix-cache hit, whose data vLLM does not send (Gemma 4: how many frame runs a
+covered video has)."""
+
 CROSS_PAGE_TABLE_KWARG = "cross_page_table"
 """``prefill_forward``'s and ``decode_forward``'s argument for a model declaring the
 ``cross_attention`` KV kind (an encoder-decoder model: Llama 3.2 Vision): int32 ``[rows, width]``
@@ -409,7 +419,7 @@ CALLS: Mapping[str, CallShape] = {
                 "enable_trace",
             ),
             sometimes=("sampling_params", "page_tables_per_layer", "prompt_tokens", "output_tokens",
-                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, *IMAGE_KWARGS, *VIDEO_KWARGS,
+                       "return_all_logits", CROSS_PAGE_TABLE_KWARG, MM_POSITIONS_KWARG, *IMAGE_KWARGS, *VIDEO_KWARGS,
                        *AUDIO_KWARGS),
         ),
         CallShape(

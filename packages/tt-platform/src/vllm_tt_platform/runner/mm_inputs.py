@@ -13,12 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_tt_models_registry.capabilities import MODALITIES
-from vllm_tt_models_registry.contract import AUDIO_KWARGS, CALLS, IMAGE_KWARGS, VIDEO_KWARGS
+from vllm_tt_models_registry.contract import (
+    AUDIO_KWARGS,
+    CALLS,
+    IMAGE_KWARGS,
+    MM_POSITIONS_KWARG,
+    VIDEO_KWARGS,
+)
 
 from vllm_tt_platform.runner.batch import RequestState
 
 _PREFILL_ARGUMENTS = ({*CALLS["prefill_forward"].keywords, *CALLS["prefill_forward"].sometimes}
-                      - {*IMAGE_KWARGS, *VIDEO_KWARGS, *AUDIO_KWARGS})
+                      - {*IMAGE_KWARGS, *VIDEO_KWARGS, *AUDIO_KWARGS}) | {MM_POSITIONS_KWARG}
 """``prefill_forward``'s own arguments: an image key of the same name would replace one of them."""
 
 
@@ -31,12 +37,16 @@ def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[
     """``{key: [row entry, ...]}`` for the prefill rows ``states`` (call order): ``None`` for a
     row without images or videos, else one tensor per item (``None`` where that item's processor
     output has no such key: an image's place in ``pixel_values_videos``, or vLLM did not send it: an image inside the prefix-cache hit comes without
-    data). Empty when no row has an image: text-only steps send nothing."""
+    data), and ``MM_POSITIONS_KWARG``: every item's placeholder ``(offset, length)``. Empty when
+    no row has an image: text-only steps send nothing."""
     rows: list[list[Any] | None] = []
+    positions: list[list[tuple[int, int]] | None] = []
     keys: dict[str, None] = {}  # insertion-ordered set
     for state in states:
         images = [_image_data(state, index, f) for index, f in enumerate(state.mm_features)]
         rows.append(images or None)
+        positions.append([(int(f.mm_position.offset), int(f.mm_position.length)) for f in state.mm_features]
+                         or None)
         for item in images:
             keys.update(dict.fromkeys(item))
     reserved = _PREFILL_ARGUMENTS & set(keys)
@@ -45,10 +55,13 @@ def prefill_image_kwargs(states: Sequence[RequestState]) -> dict[str, list[list[
             f"the multimodal processor produced {sorted(reserved)}, which prefill_forward already "
             "takes as its own arguments"
         )
+    if not any(rows):
+        return {}
     return {
-        key: [None if images is None else [item[key].data if key in item else None for item in images]
-              for images in rows]
-        for key in keys
+        **{key: [None if images is None else [item[key].data if key in item else None for item in images]
+                 for images in rows]
+           for key in keys},
+        MM_POSITIONS_KWARG: positions,
     }
 
 

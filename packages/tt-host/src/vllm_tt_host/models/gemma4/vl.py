@@ -31,6 +31,7 @@ from typing import Any, ClassVar, cast
 
 import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as VllmGemma4
+from vllm_tt_models_registry.contract import MM_POSITIONS_KWARG
 from vllm_tt_platform.errors import TTConfigError
 
 from vllm_tt_host.models.frame.checkpoint import CheckpointError, WeightFolder, check_shapes
@@ -219,11 +220,12 @@ class Gemma4VLDecoder(Gemma4Decoder):
         both_ways = self.config.images_both_ways and self.config.window(index) is not None
         return super()._image_blocks(index, inserts) if both_ways else None
 
-    def inserts(self, ids: torch.Tensor, start: int, items: list[PromptItem] | None,
-                row: int) -> PrefillInserts | None:
+    def inserts(self, ids: torch.Tensor, start: int, items: list[PromptItem] | None, row: int,
+                positions: list[tuple[int, int]] | None = None) -> PrefillInserts | None:
         """Row ``row``'s image and audio vectors for computing ``[start, len(ids))`` of its token
-        history ``ids``; ``items`` in prompt order (None: none sent). Each image, video frame and
-        audio clip is one placeholder run; only the runs the pass computes run their tower."""
+        history ``ids``; ``items`` in prompt order (None: none sent), ``positions`` their
+        placeholder ranges (``MM_POSITIONS_KWARG``, when sent). Each image, video frame and audio
+        clip is one placeholder run; only the runs the pass computes run their tower."""
         runs = self._runs(ids)
         if runs and runs[-1][1] == ids.shape[0]:
             raise HostModelInputError(
@@ -232,7 +234,8 @@ class Gemma4VLDecoder(Gemma4Decoder):
                 "prefill chunks)"
             )
         kinds = [self.kind_of[int(ids[first])] for first, _ in runs]
-        live = live_images(runs, start, _frames(items, runs, kinds, start, row), row, "images, video frames and clips")
+        frames = _frames(items, positions, runs, kinds, start, row)
+        live = live_images(runs, start, frames, row, "images, video frames and clips")
         if not live:
             return None
         blocks = torch.full((ids.shape[0],), -1, dtype=torch.long)
@@ -269,22 +272,33 @@ class Gemma4VLDecoder(Gemma4Decoder):
         return self.audio(unit.features, unit.mask)
 
 
-def _frames(items: list[PromptItem] | None, runs: list[tuple[int, int]], kinds: list[str], start: int,
-            row: int) -> list[PatchedImage | AudioClip | None] | None:
+def _frames(items: list[PromptItem] | None, positions: list[tuple[int, int]] | None, runs: list[tuple[int, int]],
+            kinds: list[str], start: int, row: int) -> list[PatchedImage | AudioClip | None] | None:
     """``items`` as one entry per placeholder run (a video: one per frame). An item sent
-    without data counts as one run, which is right for an image; a video inside the prefix-cache
-    hit has as many runs as frames, which its missing data does not say, so a pass that computes
-    runs after video runs it did not compute, with such an item among the sent, is refused
-    rather than guessed."""
+    without data (inside the prefix-cache hit) has as many runs as start inside its placeholder
+    range; without ``positions`` it counts as one, which is right for an image, and a pass that
+    computes runs after a video it did not compute, with such an item among the sent, is
+    refused rather than guessed."""
     computes = any(stop > start for _, stop in runs)
-    if items is None or not computes:  # nothing to embed (a covered video's frames are not counted)
+    if items is None or not computes:  # nothing to embed
         return None
+    if positions is not None:
+        if len(positions) != len(items):
+            raise HostModelInputError(f"prefill row {row}: {len(positions)} placeholder ranges (mm_positions) for "
+                                      f"{len(items)} items; the runner sends one per item")
+        frames: list[PatchedImage | AudioClip | None] = []
+        for item, (offset, length) in zip(items, positions, strict=True):
+            if item is None:
+                frames += [None] * sum(offset <= first < offset + length for first, _ in runs)
+            else:
+                frames += item if isinstance(item, tuple) else (item,)
+        return frames
     video_before = any(kind == "video" and stop <= start for (_, stop), kind in zip(runs, kinds, strict=True))
     if None in items and video_before:
         raise HostModelInputError(
             f"prefill row {row}: a prefix-cache hit covers an item of a prompt with videos, and the pass computes "
-            "an image or frame after it; how many frames the covered items have is not sent (serve prompts "
-            "with several videos or images after a video with --no-enable-prefix-caching)"
+            "an image or frame after it; how many frames the covered items have is not sent (send each item's "
+            "placeholder range in mm_positions, as vllm-tt's runner does)"
         )
     return [frame for item in items for frame in (item if isinstance(item, tuple) else (item,))]
 
@@ -379,7 +393,8 @@ class HostGemma4ForConditionalGeneration(HostGemma4ForCausalLM):
     def prefill_inserts(self, tokens: torch.Tensor, rows: list[PrefillRow], kwargs: dict[str, Any],
                         ) -> list[PrefillInserts | None]:
         items = row_items(kwargs, len(rows))
+        positions = per_row(kwargs.get(MM_POSITIONS_KWARG), len(rows), MM_POSITIONS_KWARG)
         if self.synthetic is not None:
             return [None] * len(rows)
-        return [self.decoder.inserts(tokens[i, : row.end].long(), row.start, items[i], i)
+        return [self.decoder.inserts(tokens[i, : row.end].long(), row.start, items[i], i, positions[i])
                 for i, row in enumerate(rows)]
