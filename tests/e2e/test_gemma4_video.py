@@ -193,8 +193,9 @@ MEDIA_IO = {"video": {"num_frames": FRAMES}}
 
 
 def test_serve_chat_with_mp4_video_urls_equals_transformers(tmp_path):
-    """One ``vllm serve`` with the ``vllm.LLM`` test's step budget (256 tokens, chunks of at most
-    160: a two-frame video is 145): two mp4 ``video_url`` chats and a text-only one at once, each
+    """One ``vllm serve`` in lane mode (``MESH_DEVICE=TG``, 2 lanes of 4 rows) with the
+    ``vllm.LLM`` test's step budget (256 tokens, chunks of at most 160: a two-frame video is
+    145): two mp4 ``video_url`` chats and a text-only one at once, each lane prefilling a video, each
     equal to transformers on the frames vLLM's loader decodes from the same bytes, prompt ids
     included, and no prefill pass ended inside a video (the step trace); then corrupt video
     bytes are a 400 and the next video is served (Gemma 4's checkpoint: one server start)."""
@@ -205,10 +206,11 @@ def test_serve_chat_with_mp4_video_urls_equals_transformers(tmp_path):
     *videos, later = [vl_chat.video_part(vl_chat.mp4(vl_chat.video_frames(salt, count), fps))
                       for salt, count, fps in SERVE_VIDEOS]
     limits = {"image": 1, "video": {"count": 1, "num_frames": FRAMES, "width": 32, "height": 32}}
-    with serve(checkpoint, "--max-model-len", "512", "--max-num-seqs", "4", "--block-size", "32",
+    lane_args, lane_env = vl_chat.lane_serve(4, trace)
+    with serve(checkpoint, "--max-model-len", "512", *lane_args, "--block-size", "32",
                "--max-num-batched-tokens", "256", "--long-prefill-token-threshold", "160",
                "--limit-mm-per-prompt", json.dumps(limits), "--media-io-kwargs", json.dumps(MEDIA_IO),
-               env={"TT_STEP_TRACE": str(trace)}, log=log) as url:
+               env=lane_env, log=log) as url:
         batch = [[part] for part in videos] + [[]]
         with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
             answers = list(pool.map(lambda parts: vl_chat.post_chat(url, model, parts, MAX_TOKENS), batch))
@@ -235,5 +237,6 @@ def test_serve_chat_with_mp4_video_urls_equals_transformers(tmp_path):
         ends = vl_chat.chunk_ends(steps, body["id"], len(prompt))
         assert ends and ends[-1] == len(prompt), (body["id"], ends)
         assert not [e for e in ends if runs[0][0] < e < runs[-1][1]], (ends, runs)
+    vl_chat.assert_every_lane_prefilled_an_image(trace, log, 4, len(want[2][0]))  # a video, on each lane
     assert corrupt.status_code == 400, (corrupt.status_code, corrupt.text)
     assert corrupt.json()["error"]["message"]

@@ -112,13 +112,14 @@ def _is_request(rid: str, request_id: str) -> bool:
 
 
 def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) -> list[int]:
-    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace; a
-    preemption before the prompt was done starts the count again (vLLM prefills it anew)."""
+    """Where each prefill pass of ``request_id`` ended, read from the scheduler's step trace (or
+    the lane coordinator's: each lane's part reads alike); a preemption before the prompt was
+    done starts the count again (vLLM prefills it anew)."""
     ends, done = [], 0
-    for step in trace:
-        if done < prompt_len and any(_is_request(rid, request_id) for rid in step.get("preempted", ())):
+    for part in (part for step in trace for part in step.get("lanes", [step])):
+        if done < prompt_len and any(_is_request(rid, request_id) for rid in part.get("preempted", ())):
             done = 0
-        for rid, tokens in step["scheduled"].items():
+        for rid, tokens in part["scheduled"].items():
             if _is_request(rid, request_id) and done < prompt_len:
                 done += tokens
                 ends.append(done)
