@@ -60,10 +60,11 @@ def build_tiny_qwen_vl(out: Path) -> Path:
 
 def build_qwen_vl(out: Path, stamp: str, recipe: dict[str, Any], config_cls: Any, model_cls: Any, processor_cls: Any,
                   video_processor_cls: Any, *, text: dict[str, Any], vision: dict[str, Any],
-                  pixel_norm: dict[str, Any] | None = None) -> Path:
+                  pixel_norm: dict[str, Any] | None = None, steps: int = TRAIN_STEPS) -> Path:
     """A tiny Qwen-VL family checkpoint: ``config_cls`` with the shared text sizes (plus
     ``text``) and ``vision``, the shared tokenizer and image processor (``pixel_norm``: its
-    mean / std, else Qwen2-VL's defaults), trained on the captioning task, saved into ``out``."""
+    mean / std, else Qwen2-VL's defaults), trained ``steps`` steps on the captioning task,
+    saved into ``out``."""
     import torch
     import vllm_tt_host.tiny as tiny
     from transformers import GenerationConfig, PreTrainedTokenizerFast
@@ -99,7 +100,7 @@ def build_qwen_vl(out: Path, stamp: str, recipe: dict[str, Any], config_cls: Any
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = model_cls(config)
-        _train(model, processor, tok, tiny)
+        _train(model, processor, tok, tiny, steps)
     model.eval()
     # No eos in the generation config: HF generate() then runs max_new_tokens, as vLLM does with ignore_eos.
     model.generation_config = GenerationConfig(bos_token_id=special["bos_token_id"],
@@ -107,7 +108,7 @@ def build_qwen_vl(out: Path, stamp: str, recipe: dict[str, Any], config_cls: Any
     return save(out, model, processor, stamp, recipe)
 
 
-def _train(model: Any, processor: Any, tok: Any, tiny: Any) -> None:
+def _train(model: Any, processor: Any, tok: Any, tiny: Any, steps: int) -> None:
     caption_of = captions(tiny)
 
     def caption_batch(step: int) -> tuple[dict[str, Any], Any]:
@@ -119,4 +120,4 @@ def _train(model: Any, processor: Any, tok: Any, tiny: Any) -> None:
         inputs = processor(text=prompts, images=images, return_tensors="pt", padding=True)
         return inputs, inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
 
-    train_captioning(model, tiny._corpus_ids(tok), caption_batch, TRAIN_STEPS)
+    train_captioning(model, tiny._corpus_ids(tok), caption_batch, steps)

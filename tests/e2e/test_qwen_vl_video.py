@@ -43,12 +43,6 @@ CHECKPOINTS: dict[str, Any] = {
     "Qwen3_5ForConditionalGeneration": cached_qwen3_5_vl,
 }
 """Each family's tiny trained checkpoint (the ones its image tests use)."""
-TELLS_FRAMES_APART = {"Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"}
-"""The checkpoints whose answers depend on the frames' kind behind this question (trained on
-images only; the Qwen 3.5 one's delta-net layers forget the image, see
-``test_qwen3_5_vl_serve.py``: its video parity is proven at every position by the host test)."""
-
-
 @pytest.fixture(scope="module", params=list(CHECKPOINTS))
 def arch(request) -> str:
     return request.param
@@ -120,8 +114,7 @@ def test_llm_generate_with_videos_equals_transformers_chunked(arch, checkpoint, 
     del llm
     expected = [hf_generate(hf_vl, items, salt) for items, salt in zip(REQUESTS, salts, strict=True)]
     got = vl_chat.assert_outputs_equal_hf(REQUESTS, results, expected)
-    if arch in TELLS_FRAMES_APART:
-        assert got[0][1] != got[3][1], "different frames give different answers"
+    assert got[0][1] != got[3][1], "different frames give different answers"
     config = hf_vl[0].config
     assert vl_chat.assert_chunks_keep_images(trace, results, config.video_token_id, one_item=True) >= 1
     vl_chat.assert_chunks_keep_images(trace, results, config.image_token_id)
