@@ -13,7 +13,8 @@ states carried across them):
 * through ``vllm serve`` on a Galaxy (``MESH_DEVICE=TG``) split into two data-parallel ranks of
   4 rows (the model is not single-program: each rank is its own engine on its sub-mesh, with its
   own state blocks and deltas), OpenAI chat with base64 ``image_url`` data URLs; every rank
-  serves image requests. Audio, too many images or videos and undecodable image or video bytes
+  serves image requests; two mp4 ``video_url`` data URLs each equal transformers fed the frames
+  vLLM's loader decodes from the same bytes, and give different answers. Audio, too many images or videos and undecodable image or video bytes
   are answered with a 400 and the next request is served (videos themselves:
   ``test_qwen_vl_video.py``).
 
@@ -85,6 +86,8 @@ def test_serve_chat_with_base64_images_in_two_ranks_equals_transformers_and_refu
             for name, parts in VIDEO_BAD_REQUESTS.items():
                 refusals[name] = vl_chat.post_chat(url, model, parts or image_parts((0, 1, 2), 9), MAX_TOKENS)
                 after[name] = vl_chat.post_chat(url, model, image_parts((2,), 11), MAX_TOKENS)  # still serving
+            videos = vl_chat.video_parts(vl_chat.VIDEO_SALTS)
+            video_answers = [vl_chat.post_chat(url, model, [part], MAX_TOKENS) for part in videos]
             served = {name: metric_per_engine(url, f"vllm:{name}_total") for name in ("request_success", "prompt_tokens")}
         hf, hf_after, image_token = expected.result()
     for response in [*answers, *after.values()]:
@@ -94,6 +97,7 @@ def test_serve_chat_with_base64_images_in_two_ranks_equals_transformers_and_refu
         assert body["prompt_token_ids"] == prompt, kinds
         assert body["choices"][0]["token_ids"] == tokens, kinds
     assert hf[REQUESTS.index((0,))][1] != hf[REQUESTS.index((1,))][1], "the image decides the answer"
+    vl_chat.assert_videos_equal_hf(checkpoint, vl_chat.load_hf(checkpoint), videos, video_answers, MAX_TOKENS, log)
     assert all(r.json()["choices"][0]["token_ids"] == hf_after for r in after.values())
     for name, response in refusals.items():
         assert response.status_code == 400, (name, response.status_code, response.text)

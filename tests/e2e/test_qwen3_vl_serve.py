@@ -59,8 +59,6 @@ def test_llm_generate_with_images_equals_transformers_chunked_and_preempted(chec
     assert len({tuple(by_kinds[k]) for k in ((), (0,), (1,), (2, 3))}) == 4, "the images decide the answer"
 
 
-VIDEO_SALTS = (0, 3)
-"""Two videos (``vl_chat.video_frames``) of kinds the checkpoint answers differently."""
 LONG_QUESTION = " ".join([vl_chat.QUESTION] * 12)
 """With one image this question makes a prompt more than a 64-token block longer than the image's end."""
 
@@ -83,7 +81,7 @@ def test_serve_chat_with_base64_images_equals_transformers_and_refuses_bad_input
         with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
             answers = list(pool.map(lambda ks: chat(image_parts(ks[1], 5 + ks[0])), enumerate(REQUESTS)))
         repeated = [chat(image_parts((2,), 13), LONG_QUESTION) for _ in range(2)]
-        videos = vl_chat.video_parts(VIDEO_SALTS)
+        videos = vl_chat.video_parts(vl_chat.VIDEO_SALTS)
         video_answers = [chat([part]) for part in videos]
         refusals, after = {}, {}
         for name, parts in VIDEO_BAD_REQUESTS.items():

@@ -278,6 +278,10 @@ def hf_generate_video(hf_vl: tuple[Any, Any], video: tuple[Any, dict[str, Any]],
     return greedy_of(model, inputs, max_tokens)
 
 
+VIDEO_SALTS = (0, 3)
+"""Two videos (``video_frames``) of kinds the Qwen-VL checkpoints answer differently."""
+
+
 def video_parts(salts: tuple[int, ...]) -> list[dict[str, Any]]:
     """One ``video_url`` part per salt: an mp4 of ``video_frames(salt)``."""
     return [video_part(mp4(video_frames(salt))) for salt in salts]
