@@ -52,8 +52,9 @@ def test_each_distribution_declares_the_window_and_a_version(pyproject):
 
 def test_each_release_has_its_pins():
     for version in noxfile_window():
-        pins = (ROOT / "requirements" / f"vllm-{version}.txt").read_text().split()
-        assert f"vllm=={version}" in pins
+        lines = (ROOT / "requirements" / f"vllm-{version}.txt").read_text().splitlines()
+        pins = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+        assert [str(p.specifier) for p in pins if p.name == "vllm"] == [f"=={version}"]
 
 
 def test_installed_floor_is_the_window_floor():

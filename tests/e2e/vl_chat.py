@@ -1,8 +1,8 @@
 """Vision-language requests for the end-to-end tests: synthetic images of the tiny recipes
 (``vllm_tt_testing.tiny_vl``), the chat prompt, OpenAI chat bodies with base64 ``image_url``
-data URLs (and mp4 ``video_url`` ones), transformers' greedy answer for the same prompt and
-images (or the frames vLLM decodes from the video), and ``vllm serve`` in lane mode with the
-check that images reached every lane."""
+data URLs (and mp4 ``video_url`` ones, WAV ``input_audio`` ones), transformers' greedy answer
+for the same prompt and images (or the frames vLLM decodes from the video), and ``vllm serve``
+in lane mode with the check that images reached every lane."""
 
 from __future__ import annotations
 
@@ -302,6 +302,37 @@ def assert_videos_equal_hf(checkpoint: Path, hf_vl: tuple[Any, Any], parts: list
     assert len(set(answers)) == len(answers), ("different videos give different answers", answers)
 
 
+def wav(samples: Any, rate: int) -> bytes:
+    """The bytes of a mono 16-bit PCM WAV file of these float samples (in [-1, 1]), written with
+    the stdlib ``wave`` module (which writes integer PCM only)."""
+    import wave
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(np.round(np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def audio_part(data: bytes) -> dict[str, Any]:
+    """An OpenAI ``input_audio`` content part carrying these WAV bytes in base64."""
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
+
+
+def served_audio(part: dict[str, Any]) -> tuple[Any, float]:
+    """The (float32 waveform, sampling rate) ``vllm serve`` decodes from an ``input_audio`` part
+    (vLLM's audio media IO, which needs the ``vllm[audio]`` extra); vLLM then resamples it to
+    the processor's rate when the two differ."""
+    from vllm.multimodal.media import AudioMediaIO
+
+    audio = part["input_audio"]
+    return AudioMediaIO().load_base64(f"audio/{audio['format']}", audio["data"])
+
+
 LANES = 2
 """The VL serve tests run in lane mode: a Galaxy's mesh split into 2 lanes."""
 
@@ -319,7 +350,8 @@ def lane_serve(rows: int, trace: Path) -> tuple[tuple[str, ...], dict[str, str]]
 
 def assert_every_lane_prefilled_an_image(trace: Path, log: Path, rows: int, text_only_tokens: int) -> None:
     """The server ran in lanes and each lane prefilled a prompt longer than the text-only one,
-    i.e. one with an image (requests go to the least loaded lane)."""
+    i.e. one with an image (or another item: a video, a clip; requests go to the least loaded
+    lane)."""
     assert f"{LANES} lanes x {rows} rows" in log.read_text()
     lanes: list[dict[str, int]] = [{} for _ in range(LANES)]
     for line in trace.read_text().splitlines():
