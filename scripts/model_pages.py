@@ -64,6 +64,7 @@ FEATURES: dict[str, Feature] = {
                                 "pooling.md#decoder-embedding-and-reranking-models"),
     "kv_cache_kinds": Feature("KV cache kinds", "bundles.md#hybrid-kv-sliding-window-and-mixed-attention-layers"),
     "modalities": Feature("Multimodal inputs", "vision.md#video"),
+    "chunked_mm_input": Feature("Multimodal items split over prefill chunks", "vision.md#what-a-model-declares"),
 }
 
 ROOT = Path(__file__).resolve().parent.parent

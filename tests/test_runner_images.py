@@ -281,6 +281,13 @@ def test_startup_keeps_the_video_limit_of_a_model_that_takes_video():
     assert [mm.get_limit_per_prompt(m) for m in ("image", "video", "audio")] == [2, 1, 0]
 
 
+def test_startup_lets_vllm_split_items_over_chunks_for_a_model_declaring_chunked_mm_input():
+    config = mm_config_of(limit_per_prompt={"image": 2, "video": 1})
+    config.scheduler_config.disable_chunked_mm_input = True
+    restrict_modalities(config, "TTQwen3_5ForConditionalGeneration", ("image", "video"), chunked_items=True)
+    assert config.scheduler_config.disable_chunked_mm_input is False
+
+
 def test_startup_keeps_the_audio_limit_of_a_model_that_takes_audio():
     config = mm_config_of(limit_per_prompt={"image": 1, "audio": 2, "video": 0})
     restrict_modalities(config, "TTGemma4ForConditionalGeneration", ("image", "video", "audio"))

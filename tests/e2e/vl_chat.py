@@ -126,13 +126,13 @@ def chunk_ends(trace: list[dict[str, Any]], request_id: str, prompt_len: int) ->
     return ends
 
 
-def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int, *, one_item: bool = False) -> int:
-    """Every prompt of ``results`` (``vllm.LLM`` outputs) was prefilled in chunks that end
-    outside its images (the scheduler's step trace says where each pass ended); returns how
-    many prompts took more than one chunk. ``one_item``: a prompt's runs of ``image_token`` are
-    one item's (a Qwen3-VL video's frame groups), so no chunk ends between them either."""
+def item_passes(trace_path: Path, results: Any, image_token: int, *, one_item: bool = False,
+                ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Per prompt of ``results`` (``vllm.LLM`` outputs): where its prefill passes ended (the
+    scheduler's step trace; the last at the prompt's end) and its runs of ``image_token``
+    (``one_item``: the runs are one item's, a Qwen3-VL video's frame groups, taken as one)."""
     trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
-    chunked = 0
+    out = []
     for result in results:
         ids = list(result.prompt_token_ids)
         runs = image_runs(ids, image_token)
@@ -140,9 +140,22 @@ def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int, 
             runs = [(runs[0][0], runs[-1][1])]
         ends = chunk_ends(trace, result.request_id, len(ids))
         assert ends and ends[-1] == len(ids), ends
-        assert not [e for e in ends for first, stop in runs if first < e < stop], (ends, runs)
-        chunked += len(ends) > 1
-    return chunked
+        out.append((ends, runs))
+    return out
+
+
+def cuts(ends: list[int], runs: list[tuple[int, int]]) -> list[int]:
+    """The pass ends that fall inside a run."""
+    return [e for e in ends for first, stop in runs if first < e < stop]
+
+
+def assert_chunks_keep_images(trace_path: Path, results: Any, image_token: int, *, one_item: bool = False) -> int:
+    """Every prompt of ``results`` was prefilled in chunks that end outside its images
+    (``item_passes``); returns how many prompts took more than one chunk."""
+    passes = item_passes(trace_path, results, image_token, one_item=one_item)
+    for ends, runs in passes:
+        assert not cuts(ends, runs), (ends, runs)
+    return sum(len(ends) > 1 for ends, _ in passes)
 
 
 def preempted_at(trace_path: Path, request_id: str) -> list[int]:

@@ -106,10 +106,18 @@ def test_mrope_indices_and_delta_equal_get_rope_index(hf, model):
     assert [r.stop - r.first for r in runs] == [16, 6]
 
 
-def test_a_cut_image_run_is_refused(model):
-    ids = prompt(3, [5, 4])[:-6]  # ends inside the image's placeholders
-    with pytest.raises(HostModelInputError, match="chunk end cuts an image"):
-        mrope_positions(torch.tensor(ids), [Media(GRIDS[0], None)], model.decoder.config)
+def test_a_run_the_tokens_end_inside_takes_the_whole_runs_indices_and_a_short_one_is_refused(model):
+    """A chunk may end inside an image (a model declaring ``chunked_mm_input``): its tokens
+    keep the indices they have in the whole prompt. A run of the wrong length elsewhere is an
+    error."""
+    ids, items, config = prompt(3, [5, 4]), [Media(GRIDS[0], None)], model.decoder.config
+    whole, _ = mrope_positions(torch.tensor(ids), items, config)
+    cut = ids[:-6]  # ends inside the image's placeholders
+    ours, runs = mrope_positions(torch.tensor(cut), items, config)
+    assert torch.equal(ours, whole[:, : len(cut)]) and runs[-1].stop == len(cut)
+    short = ids[: ids.index(IMAGE)] + ids[ids.index(IMAGE) + 1 :]  # one placeholder fewer, then text
+    with pytest.raises(HostModelInputError, match="has 15 image tokens, item 0 .* gives 16 image tokens there"):
+        mrope_positions(torch.tensor(short), items, config)
 
 
 def test_registered_for_the_host_backend_and_takes_vllms_processor():

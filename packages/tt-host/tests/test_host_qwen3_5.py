@@ -287,25 +287,21 @@ def test_registered_for_the_host_backend():
     assert caps["supports_prefix_caching"] and caps["supports_verify_decode"] and caps["supports_mtp"]
 
 
-def test_prefix_caching_is_let_through_for_qwen3_5_and_refused_by_name_for_the_vl_model():
-    """The text model declares prefix caching (its states at block boundaries); the
-    vision-language model does not, so an explicit ``--enable-prefix-caching`` is a startup
-    error naming it and the fix (vLLM's default is switched off with one info line)."""
+def test_prefix_caching_is_let_through_for_qwen3_5_text_and_vision_language():
+    """Both declare prefix caching (their states at block boundaries); the vision-language model
+    also declares ``chunked_mm_input``, which vLLM's ``align`` mode needs (chunks end on block
+    boundaries, inside an image if need be)."""
     from vllm_tt_host.models.qwen3_5_vl.model import HostQwen3_5ForConditionalGeneration
     from vllm_tt_models_registry.capabilities import ModelCapabilities
     from vllm_tt_platform.config.options import TTConfig
     from vllm_tt_platform.config.startup_checks import check_capabilities
 
     config = TTConfig.from_sources({}, {})
-    check_capabilities(config, ModelCapabilities.of(HostQwen3_5ForCausalLM), "TTQwen3_5ForCausalLM",
-                       async_requested=False, prefix_caching_requested=True)
-    vl = ModelCapabilities.of(HostQwen3_5ForConditionalGeneration)
-    with pytest.raises(TTUnsupportedFeatureError,
-                       match=r"--enable-prefix-caching.*TTQwen3_5ForConditionalGeneration.*remove --enable-prefix"):
-        check_capabilities(config, vl, "TTQwen3_5ForConditionalGeneration", async_requested=False,
+    for cls, arch in ((HostQwen3_5ForCausalLM, "TTQwen3_5ForCausalLM"),
+                      (HostQwen3_5ForConditionalGeneration, "TTQwen3_5ForConditionalGeneration")):
+        check_capabilities(config, ModelCapabilities.of(cls), arch, async_requested=False,
                            prefix_caching_requested=True)
-    check_capabilities(config, vl, "TTQwen3_5ForConditionalGeneration", async_requested=False,
-                       prefix_caching_requested=False)
+    assert ModelCapabilities.of(HostQwen3_5ForConditionalGeneration).chunked_mm_input
 
 
 def test_speculation_runs_in_vllms_none_state_mode_with_a_slot_per_verify_position(qwen_dir, monkeypatch):

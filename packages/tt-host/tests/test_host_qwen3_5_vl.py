@@ -7,7 +7,7 @@ compared at the module level; then prompts with 0, 1 and 2 images run through th
 contract over the hybrid KV (paged K/V for the attention layer, one recurrent-state block per
 request for each delta-net layer): every position's logits, decode with the returned mRoPE
 deltas, a chunk ending between the images (the state and the positions carry on) and decode
-steps after it; plain rope in place of mRoPE is visibly wrong."""
+steps after it, passes cut inside the images; plain rope in place of mRoPE is visibly wrong."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from vllm_tt_host.models import HOST_CAPABILITIES, HOST_MODELS
-from vllm_tt_host.models.frame.vision import PixelNorm
+from vllm_tt_host.models.frame.vision import PixelNorm, image_runs
 from vllm_tt_host.models.qwen3_5_vl.model import HostQwen3_5ForConditionalGeneration, Qwen3_5VLConfig
 from vllm_tt_models_registry.contract import check_model_class
 from vllm_tt_platform.errors import TTConfigError
@@ -105,7 +105,9 @@ def test_registered_for_the_host_backend_and_takes_vllms_processor():
     assert HOST_MODELS[arch].endswith("qwen3_5_vl.model:HostQwen3_5ForConditionalGeneration")
     caps = check_model_class(HostQwen3_5ForConditionalGeneration, owner="test")
     assert caps.kv_cache_kinds == ("full_attention", "recurrent_state")
-    assert not caps.supports_prefix_caching and not caps.supports_async_decode and not caps.supports_verify_decode
+    assert caps.supports_prefix_caching and caps.chunked_mm_input
+    assert not caps.supports_async_decode and not caps.supports_verify_decode
+    assert HOST_CAPABILITIES[arch]["supports_prefix_caching"] and HOST_CAPABILITIES[arch]["chunked_mm_input"]
     assert HOST_CAPABILITIES[arch]["kv_cache_kinds"] == ["full_attention", "recurrent_state"]
     assert caps.modalities == ("image", "video") and HOST_CAPABILITIES[arch]["modalities"] == ["image", "video"]
     assert HostQwen3_5ForConditionalGeneration.supports_multimodal is True
@@ -143,6 +145,23 @@ def test_chunked_prefill_between_images_then_decode_equals_transformers(case):
         ids = ids + [token]
         case.assert_close(step[2], case.hf_logits(ids, seeds)[-1], ("decode at", len(ids)))
         token = int(step[2].argmax())
+
+
+def test_passes_cut_inside_each_image_equal_transformers_at_every_position(case):
+    """``chunked_mm_input`` (vLLM's align mode ends chunks on block boundaries, inside an image
+    if need be): a pass ending inside the first image, one from there ending inside the second,
+    then the rest; each embeds its images whole and places the part it computes, at the whole
+    runs' mRoPE indices. Every position equals HF's, and the last delta is the prompt's."""
+    seed, lengths, seeds = case.TWO
+    ids = case.prompt(seed, lengths)
+    (first, _), (second, _) = image_runs(torch.tensor(ids), IMAGE)
+    runner, start, got = case.runner(), 0, []
+    for end in (first + 5, second + 2, len(ids)):
+        logits, deltas = runner.prefill([(1, ids[:end], start, end, seeds)], return_all_logits=True)
+        got.append(logits[0, : end - start])
+        start = end
+    case.assert_close(torch.cat(got), case.hf_logits(ids, seeds), "passes cut inside the images")
+    assert deltas.tolist() == [(4 - 16) + (3 - 6)]
 
 
 def test_plain_rope_in_place_of_mrope_is_visible(case, model, monkeypatch):

@@ -118,6 +118,13 @@ class ModelCapabilities:
     modalities: tuple[str, ...] = ("image",)
     """The multimodal inputs (``MODALITIES``) a model vLLM recognises as multimodal takes; vLLM's
     front end refuses a request with any other (its limit per prompt is set to 0)."""
+    chunked_mm_input: bool = False
+    """A prefill chunk may end, and the next start, inside an item's placeholder tokens: the
+    model embeds the item whole on each pass (every pass carries it) and places the part the
+    chunk computes, which needs item tokens that attend causally. Off, vLLM never splits an
+    item over chunks (``disable_chunked_mm_input``). vLLM's ``align`` mode (prefix caching of a
+    recurrent-state model) ends chunks on block boundaries, inside an item if need be, so such
+    a multimodal model needs it to declare ``supports_prefix_caching``."""
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, *, owner: str) -> ModelCapabilities:

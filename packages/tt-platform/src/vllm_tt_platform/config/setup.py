@@ -147,7 +147,8 @@ def configure(vllm_config: VllmConfig) -> None:
     if eager:
         logger.info_once(eager)
     setup = resolve_setup(vllm_config)
-    restrict_modalities(vllm_config, setup.model.arch, setup.capabilities.modalities)
+    restrict_modalities(vllm_config, setup.model.arch, setup.capabilities.modalities,
+                        setup.capabilities.chunked_mm_input)
     register_with_vllm(setup)
     data_parallel.fold(vllm_config, setup.capabilities.single_program_lanes, setup.model.arch)
     setup = replace(setup, topology=_topology(vllm_config))

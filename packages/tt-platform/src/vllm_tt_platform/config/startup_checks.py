@@ -448,13 +448,14 @@ def check_capabilities(
 
 
 
-def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, ...]) -> None:
+def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, ...],
+                        chunked_items: bool = False) -> None:
     """A multimodal model takes the modalities it declares (``ModelCapabilities.modalities``)
     only: a ``--limit-mm-per-prompt`` asking for another is refused; the others (video, audio)
     get a limit of 0, so vLLM's own front end answers such a request with a 400 instead of the
-    engine failing on it. An item's placeholder tokens are never split over two prefill chunks
-    (``disable_chunked_mm_input``): the contract sends images and videos whole, with the pass
-    that computes their tokens."""
+    engine failing on it. An item's placeholder tokens are split over two prefill chunks
+    (``disable_chunked_mm_input`` off) only for a model declaring ``chunked_mm_input``
+    (``chunked_items``): the contract sends items whole, with every pass of their row."""
     model = vllm_config.model_config
     mm = None if model is None else model.multimodal_config
     if mm is None:
@@ -478,7 +479,7 @@ def restrict_modalities(vllm_config: VllmConfig, arch: str, served: tuple[str, .
         mm.limit_per_prompt["video"] = VideoDummyOptions(count=0, num_frames=None, width=None, height=None)
     if "audio" not in served:
         mm.limit_per_prompt["audio"] = AudioDummyOptions(count=0, length=None)
-    vllm_config.scheduler_config.disable_chunked_mm_input = True
+    vllm_config.scheduler_config.disable_chunked_mm_input = not chunked_items
 
 
 def check_mixed_steps(vllm_config: VllmConfig, config: TTConfig, caps: ModelCapabilities, arch: str) -> None:

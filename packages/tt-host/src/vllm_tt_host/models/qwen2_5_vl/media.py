@@ -121,7 +121,8 @@ def item_runs(item: Media, config: MediaConfig) -> list[tuple[Grid, float]]:
 
 def mrope_positions(ids: torch.Tensor, media: list[Media], config: MediaConfig) -> tuple[torch.Tensor, list[Run]]:
     """The ``[3, len(ids)]`` mRoPE indices of a row's tokens and its placeholder runs, prompt
-    order; the tokens may end before the last items (a chunk), never inside a run."""
+    order; the tokens may end before the last items or inside a run (a chunk: the run is cut
+    where the tokens end, its indices as the whole run's)."""
     merge = config.merge_size
     found = sorted([(first, stop, False) for first, stop in image_runs(ids, config.image_token_id)]
                    + [(first, stop, True) for first, stop in image_runs(ids, config.video_token_id)])
@@ -133,18 +134,18 @@ def mrope_positions(ids: torch.Tensor, media: list[Media], config: MediaConfig) 
         )
     parts, runs, cursor, next_index = [], [], 0, 0
     for (first, stop, is_video), (k, want_video, (t, h, w), step, offset) in zip(found, expected, strict=False):
-        kind = "video" if want_video else "image"
-        if is_video != want_video or stop - first != t * h * w // merge**2:
+        kind, tokens = "video" if want_video else "image", t * h * w // merge**2
+        cut = stop == ids.shape[0] and stop - first < tokens
+        if is_video != want_video or (stop - first != tokens and not cut):
             raise HostModelInputError(
                 f"a placeholder run at {first}..{stop} has {stop - first} {'video' if is_video else 'image'} "
-                f"tokens, item {k} ({kind}, grid {(t, h, w)}) gives {t * h * w // merge**2} {kind} tokens there "
-                "(or the chunk end cuts an image: the runner must not split one)"
+                f"tokens, item {k} ({kind}, grid {(t, h, w)}) gives {tokens} {kind} tokens there"
             )
         parts.append(torch.arange(first - cursor).expand(3, -1) + next_index)
         next_index += first - cursor
         temporal = (torch.arange(t) * step).long()
         tt, hh, ww = torch.meshgrid(temporal, torch.arange(h // merge), torch.arange(w // merge), indexing="ij")
-        parts.append(torch.stack((tt, hh, ww)).reshape(3, -1) + next_index)
+        parts.append(torch.stack((tt, hh, ww)).reshape(3, -1)[:, : stop - first] + next_index)
         next_index += max(h, w) // merge
         runs.append(Run(first, stop, k, offset))
         cursor = stop

@@ -19,8 +19,8 @@ FAMILY = HostFamily(
     },
     tiny=("vllm_tt_testing.tiny_qwen3_5_vl",),
     capabilities={"TTQwen3_5ForConditionalGeneration": {
-        **decoder_without("supports_async_decode", "supports_prefix_caching", "single_program_lanes",
-                          "supports_verify_decode"),
+        **decoder_without("supports_async_decode", "single_program_lanes", "supports_verify_decode"),
         "kv_cache_kinds": ["full_attention", "recurrent_state"], "modalities": ["image", "video"],
+        "chunked_mm_input": True,
     }},
 )

@@ -70,9 +70,9 @@ class HostQwen3_5ForConditionalGeneration(HostQwenVLModel, HostQwen3_5ForCausalL
     model_capabilities: ClassVar[dict[str, Any]] = {
         **HostQwen3_5ForCausalLM.model_capabilities,
         "supports_async_decode": False,  # decode rotates with the host's positions
-        # vLLM's align mode ends chunks on block boundaries, inside an image's span if need be;
-        # the contract sends an image whole (``disable_chunked_mm_input``).
-        "supports_prefix_caching": False,
+        # vLLM's align mode (prefix caching) ends chunks on block boundaries, inside an image's
+        # span if need be: each pass embeds its row's items whole and places the part it computes.
+        "chunked_mm_input": True,
         "modalities": ("image", "video"),
         "supports_verify_decode": False,  # verify steps over image rows: not proven yet (as Qwen-VL's)
         "supports_mtp": False,
