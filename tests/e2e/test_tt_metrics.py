@@ -61,12 +61,16 @@ def test_tt_series_agree_with_the_step_and_sampling_traces(tiny_checkpoint, tmp_
         traced = steps_by_phase(step_trace)
         expected_steps = {phase: float(len(steps)) for phase, steps in traced.items()}
 
-        deadline = time.monotonic() + 15  # the engine flushes every 0.25 s
+        # The engine flushes every 0.25 s. With two API servers /metrics reads each process's
+        # counter and histogram files one after the other, so one scrape may show a delta's
+        # steps and not yet its histograms: wait for all steps, then for two equal scrapes.
+        deadline, previous = time.monotonic() + 15, None
         while True:
             series = scrape(url)
             steps = {p: series.get(("vllm_tt:steps_total", (("phase", p),))) for p in expected_steps}
-            if steps == expected_steps or time.monotonic() > deadline:
+            if (steps == expected_steps and series == previous) or time.monotonic() > deadline:
                 break
+            previous = series
             time.sleep(0.5)
     assert steps == expected_steps, (steps, expected_steps)
 

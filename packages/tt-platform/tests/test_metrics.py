@@ -131,8 +131,8 @@ def test_with_two_api_servers_each_delta_reaches_exactly_one(address):
 
 def test_a_scrape_that_sees_a_deltas_steps_sees_all_of_it():
     """The step counter is what readers wait on (the e2e test polls it): every other series of
-    the delta is in when it moves. Seen in CI with two API servers: a scrape between the two
-    showed the steps and a prefill-token sum of 0."""
+    the delta is in when it moves (within one process; across the files of several API
+    servers the e2e test waits for two equal scrapes)."""
     registry = CollectorRegistry()
     families = Families.create(registry)
     seen: list[tuple[float | None, ...]] = []

@@ -84,9 +84,10 @@ class Families:
         )
 
     def record(self, delta: StepDelta, labels: tuple[str, str]) -> None:
-        """The step counts go in last: they are what a reader waits on, so a scrape that shows
-        a delta's steps shows the rest of that delta too (``/metrics`` may read the series while
-        this thread records, from another API server process)."""
+        """The step counts go in last: they are what a reader waits on, so a scrape of this
+        process's registry that shows a delta's steps shows the rest of that delta too. (With
+        several API servers ``/metrics`` reads each process's counter and histogram files one
+        after the other, which no order here makes one snapshot.)"""
         prefill = self.prefill_tokens.labels(*labels)
         for tokens in delta.prefill_tokens:
             prefill.observe(tokens)
